@@ -1,0 +1,67 @@
+"""The scripts run as a user runs them: as subprocesses, on a small image-folder dataset."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO, SCRIPTS
+
+# A quick schedule on the synthetic data: 384 training images in batches of 64 for 4 epochs
+QUICK = ['--hyp', 'opt.batch_size=64', '--epochs', '4', '--device', 'cpu', '--no-warmup']
+
+
+def run_script(name, *args, timeout=600):
+    return subprocess.run([sys.executable, os.path.join(REPO, f'{name}.py'), *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize('name', SCRIPTS)
+def test_run_writes_logs_and_learns(name, image_folder, tmp_path):
+    log_dir = tmp_path / 'logs'
+    result = run_script(name, '--data-dir', image_folder, '--runs', '2', '--seed', '3',
+                        '--log-dir', str(log_dir), *QUICK)
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = list(log_dir.iterdir())
+    assert f'Log: {run_dir}' in result.stdout
+    log = torch.load(run_dir / 'log.pt', weights_only=False)
+    summary = json.loads((run_dir / 'summary.json').read_text())
+    assert log['code'] == open(os.path.join(REPO, f'{name}.py')).read()
+    assert log['accs'].shape == (2,) and log['times'].shape == (2,)
+    assert log['hyp']['opt']['train_epochs'] == 4 and log['hyp']['opt']['batch_size'] == 64
+    assert log['device'] == 'cpu' and log['torch_version'] == torch.__version__
+    assert [r['seed'] for r in log['runs']] == [3, 4]
+    assert summary['status'] == 'finished' and summary['runs_finished'] == 2
+    assert summary['tta_val_acc']['n'] == 2
+    assert summary['tta_val_acc']['mean'] == pytest.approx(log['accs'].mean().item())
+    # Four classes: chance is 0.25; the synthetic classes are easy, so demand far more
+    assert log['accs'].min().item() > 0.6
+    assert all(t > 0 for t in log['times'].tolist())
+    # The per-epoch table and the summary lines
+    assert 'tta_val_acc' in result.stdout and 'TTA accuracy: mean' in result.stdout
+    assert result.stdout.count(' eval  |') == 2
+    # The cache was written beside the images and the second start reads it
+    assert os.path.exists(os.path.join(image_folder, 'airbench_cache.pt'))
+
+
+@pytest.mark.parametrize('name', SCRIPTS)
+def test_import_does_nothing_but_define(name):
+    code = (f'import sys, importlib.util; sys.argv = ["x", "--runs", "0"]\n'
+            f'spec = importlib.util.spec_from_file_location("m", {os.path.join(REPO, name + ".py")!r})\n'
+            'm = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n'
+            'assert callable(m.main)')
+    result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                            cwd=REPO, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == '' and result.stderr == ''
+
+
+@pytest.mark.parametrize('name', SCRIPTS)
+def test_help_lists_every_flag(name):
+    result = run_script(name, '--help', timeout=120)
+    assert result.returncode == 0
+    for flag in ['--runs', '--data-dir', '--device', '--seed', '--log-dir', '--epochs',
+                 '--precision', '--flip', '--tta-level', '--hyp', '--epoch-eval', '--warmup']:
+        assert flag in result.stdout

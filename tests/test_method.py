@@ -1,0 +1,337 @@
+"""Properties of the method that every script shares: each test would fail on a broken implementation."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# Parameter counts of the built networks (all parameters, including the frozen whitening weights and
+# BatchNorm scales). The paper states 1.97 M for airbench94.
+PARAMETER_COUNTS = {'airbench94': 1_972_792}
+FEATURE_MAP_SIZES = [31, 15, 7, 3]
+
+
+def build(script, num_classes=10):
+    arch = script.hyp['net']
+    net = script.make_net(arch['widths'], num_classes, arch['batchnorm_momentum'],
+                          arch['scaling_factor'])
+    script.init_identity(net)
+    return net
+
+
+def test_output_and_feature_map_shapes(script):
+    net = build(script, num_classes=7)
+    sizes = []
+    hooks = [module.register_forward_hook(lambda m, i, o: sizes.append(o.shape[-1]))
+             for module in [net[1], *net[2:5]]]  # whitening GELU, then the three blocks
+    out = net(torch.randn(2, 3, 32, 32))
+    for hook in hooks:
+        hook.remove()
+    assert sizes == FEATURE_MAP_SIZES
+    assert out.shape == (2, 7)
+
+
+def test_parameter_count(script):
+    net = build(script)
+    count = sum(p.numel() for p in net.parameters())
+    assert count == PARAMETER_COUNTS[script.__name__]
+    assert f'{count:,}-parameter' in script.__doc__  # the header states the built network's count
+
+
+def test_batchnorm_as_specified(script):
+    net = build(script)
+    norms = [m for m in net.modules() if isinstance(m, nn.BatchNorm2d)]
+    assert norms
+    for norm in norms:
+        assert norm.eps == 1e-12
+        assert norm.momentum == pytest.approx(0.4)  # running = 0.6 * running + 0.4 * batch
+        assert not norm.weight.requires_grad and norm.bias.requires_grad
+        assert torch.all(norm.weight == 1)
+    # The running mean follows 0.6 * old + 0.4 * batch mean
+    norm = norms[0]
+    norm.train()
+    x = torch.randn(8, norm.num_features, 4, 4) + 3
+    norm.running_mean.fill_(1.0)
+    norm(x)
+    assert torch.allclose(norm.running_mean, 0.6 * 1.0 + 0.4 * x.mean((0, 2, 3)), atol=1e-5)
+
+
+def test_no_biases_except_whitening_and_batchnorm(script):
+    net = build(script)
+    convs = [m for m in net.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+    assert convs[0].bias is not None
+    assert all(m.bias is None for m in convs[1:])
+    assert not net[0].weight.requires_grad
+
+
+def orientation_dataset(n):
+    """Images whose left half is +1 and right half -1, so a flip is visible as a sign change."""
+    images = torch.zeros(n, 32, 32, 3, dtype=torch.uint8)
+    images[:, :, :16] = 255
+    return images, torch.arange(n)
+
+
+def orientations_per_epoch(script, flip, epochs, n=2000, batch_size=100):
+    images, ids = orientation_dataset(n)
+    loader = script.CifarLoader(images, ids, batch_size, (0.5,) * 3, (0.5,) * 3,
+                                aug={'flip': flip}, train=True)
+    result = []
+    for _ in range(epochs):
+        flipped = torch.empty(n, dtype=torch.bool)
+        seen = torch.zeros(n, dtype=torch.int64)
+        for batch, batch_ids in loader:
+            flipped[batch_ids] = batch[:, 0, 0, 0] < 0
+            seen[batch_ids] += 1
+        assert torch.all(seen == 1)  # every image exactly once per epoch (n divisible by batch)
+        result.append(flipped)
+    return result
+
+
+def test_alternating_flip_shows_both_orientations_in_consecutive_epochs(script):
+    torch.manual_seed(0)
+    epochs = orientations_per_epoch(script, 'alternating', 5)
+    assert abs(epochs[0].float().mean().item() - 0.5) < 0.05  # epoch 0 flips about half
+    for previous, current in zip(epochs, epochs[1:]):
+        assert torch.all(previous != current)
+
+
+def test_random_flip_repeats_orientations(script):
+    # The control: with the usual coin per epoch, about half the images keep their orientation
+    torch.manual_seed(0)
+    epochs = orientations_per_epoch(script, 'random', 2)
+    same = (epochs[0] == epochs[1]).float().mean().item()
+    assert 0.4 < same < 0.6
+
+
+@pytest.mark.parametrize('pad', [2, 4])
+def test_translation_is_a_uniform_reflect_pad_crop_within_pad(script, pad):
+    torch.manual_seed(0)
+    n = 3000
+    images = torch.randn(n, 3, 32, 32)
+    padded = F.pad(images, (pad,) * 4, mode='reflect')
+    crops = script.batch_crop(padded, 32)
+    assert crops.shape == (n, 3, 32, 32)
+    windows = padded.unfold(2, 32, 1).unfold(3, 32, 1)  # n, 3, 2p+1, 2p+1, 32, 32
+    matches = (windows == crops[:, :, None, None]).flatten(4).all(-1).all(1)  # n, 2p+1, 2p+1
+    assert torch.all(matches.flatten(1).sum(1) == 1)  # each crop is exactly one explicit slice
+    counts = matches.sum(0).float()  # shifts -pad..pad in each direction
+    assert torch.all(counts > 0)  # every shift within +-pad occurs (and no other is possible)
+    expected = n / (2 * pad + 1)  # each axis uniform: binomial sd < 5% of expected here
+    for marginal in (counts.sum(0), counts.sum(1)):
+        assert marginal.min() > 0.8 * expected and marginal.max() < 1.2 * expected
+
+
+def test_loader_translation_uses_reflect_padding(script):
+    torch.manual_seed(0)
+    images = torch.randint(0, 256, (64, 32, 32, 3), dtype=torch.uint8)
+    loader = script.CifarLoader(images, torch.arange(64), 64, (0.0,) * 3, (1.0,) * 3,
+                                aug={'translate': 2}, train=True)
+    batch, ids = next(iter(loader))
+    source = images[ids].permute(0, 3, 1, 2).float() / 255
+    windows = F.pad(source, (2,) * 4, mode='reflect').unfold(2, 32, 1).unfold(3, 32, 1)
+    matches = (windows == batch[:, :, None, None]).flatten(4).all(-1).all(1)
+    assert torch.all(matches.flatten(1).any(1))
+
+
+def test_cutout_zeroes_one_square_inside_the_image_at_a_uniform_position(script):
+    torch.manual_seed(0)
+    n, size = 4000, 12
+    images = torch.rand(n, 3, 32, 32) + 0.5  # no zeros before cutout
+    out = script.batch_cutout(images, size)
+    zero = (out == 0)
+    assert torch.all(zero.all(1) == zero.any(1))  # all channels at once
+    zero = zero[:, 0]
+    assert torch.all(zero.flatten(1).sum(1) == size * size)
+    rows, cols = zero.any(2), zero.any(1)
+    top, left = rows.float().argmax(1), cols.float().argmax(1)
+    assert torch.all(rows.sum(1) == size) and torch.all(cols.sum(1) == size)  # one square
+    assert torch.all(out[~zero.unsqueeze(1).expand_as(out)] == images[~zero.unsqueeze(1).expand_as(out)])
+    counts = torch.bincount(top, minlength=32 - size + 1).float()
+    assert len(counts) == 32 - size + 1  # every position inside, none outside
+    expected = n / (32 - size + 1)
+    assert counts.min() > 0.6 * expected and counts.max() < 1.4 * expected
+    assert torch.bincount(left).min() > 0.6 * expected
+
+
+def test_whitening_layer_is_w_and_minus_w_and_whitens_patches(script):
+    torch.manual_seed(0)
+    # Correlated channels, so whitening has work to do
+    mixing = torch.tensor([[1.0, 0.8, 0.3], [0.0, 0.6, 0.5], [0.0, 0.0, 0.4]])
+    images = torch.einsum('nchw,cd->ndhw', torch.randn(500, 3, 32, 32), mixing)
+    images = images + 0.5 * images.roll(1, dims=-1)  # and correlated neighbours
+    layer = nn.Conv2d(3, 24, 2, padding=0, bias=True)
+    eps = 5e-4
+    script.init_whitening(layer, images, eps)
+    weight = layer.weight.detach()
+    assert torch.equal(weight[12:], -weight[:12])
+    assert torch.all(layer.bias == 0)
+    patches = images.unfold(2, 2, 1).unfold(3, 2, 1).permute(0, 2, 3, 1, 4, 5).reshape(-1, 12)
+    second_moment = patches.T @ patches / len(patches)
+    eigenvalues = torch.linalg.eigvalsh(second_moment).flip(0)
+    filters = weight[:12].reshape(12, 12)
+    whitened = filters @ second_moment @ filters.T
+    # Exactly diag(l / (l + eps)): the identity up to eps, largest eigenvalue first
+    assert torch.allclose(whitened, torch.diag(eigenvalues / (eigenvalues + eps)), atol=1e-4)
+    assert torch.allclose(whitened, torch.eye(12), atol=eps / eigenvalues.min().item() + 1e-4)
+    variances = (filters * filters).sum(1)  # 1 / (l + eps): increasing when l is decreasing
+    assert torch.all(variances[1:] >= variances[:-1])
+
+
+def test_identity_init(script):
+    torch.manual_seed(0)
+    net = build(script)
+    convs = [m for m in net.modules() if isinstance(m, nn.Conv2d) and m.kernel_size == (3, 3)]
+    assert len(convs) >= 6
+    for conv in convs:
+        m, n = conv.in_channels, conv.out_channels
+        x = torch.randn(2, m, 9, 9)
+        y = conv(x)
+        assert torch.allclose(y[:, :m], x, atol=1e-6)
+        if n > m:  # the rest keep PyTorch's default init, not zeros and not identity
+            rest = conv.weight[m:]
+            bound = 1 / math.sqrt(m * 9)
+            assert rest.abs().max() <= bound and rest.std() > 0.3 * bound
+
+
+def test_lookahead_arithmetic(script):
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2))
+    lookahead = script.LookaheadState(net)
+    slow = {k: v.clone() for k, v in lookahead.slow.items()}
+    assert set(slow) == {'0.weight', '0.bias', '1.weight', '1.bias', '1.running_mean', '1.running_var'}
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(torch.randn_like(p))
+    net.train()
+    net(torch.randn(16, 3))  # changes the running statistics and num_batches_tracked
+    live = {k: v.clone() for k, v in net.state_dict().items()}
+    decay = 0.7
+    lookahead.update(net, decay)
+    for name, value in net.state_dict().items():
+        if name in slow:
+            expected = decay * slow[name] + (1 - decay) * live[name]
+            assert torch.allclose(value, expected, atol=1e-6), name
+            assert torch.allclose(lookahead.slow[name], expected, atol=1e-6), name
+        else:
+            assert torch.equal(value, live[name])  # integer counters are left alone
+    before = {k: v.clone() for k, v in lookahead.slow.items()}
+    lookahead.update(net, 1.0)  # the end of training: the live model becomes the slow copy
+    for name in before:
+        assert torch.equal(net.state_dict()[name], before[name])
+
+
+def test_lookahead_decay_schedule(script):
+    assert script.lookahead_decay(0, 100) == 0
+    assert script.lookahead_decay(100, 100) == pytest.approx(0.95**5)
+    assert script.lookahead_decay(50, 100) == pytest.approx(0.95**5 / 8)
+
+
+def test_lr_schedule_endpoints_and_peak(script):
+    total = 476  # ceil(48 * 9.9)
+    schedule = script.lr_schedule(total)
+    peak = int(0.23 * total)
+    assert len(schedule) == total + 1
+    assert schedule[0].item() == pytest.approx(0.2)
+    assert schedule[peak].item() == pytest.approx(1.0)
+    assert schedule[-1].item() == pytest.approx(0.07)
+    assert schedule.max().item() == pytest.approx(1.0)
+    rise, fall = schedule[:peak + 1].diff(), schedule[peak:].diff()
+    assert torch.allclose(rise, torch.full_like(rise, 0.8 / peak))  # linear up
+    assert torch.allclose(fall, torch.full_like(fall, -0.93 / (total - peak)))  # linear down
+
+
+def test_decoupled_lr_and_weight_decay(script):
+    net = build(script)
+    opt = script.hyp['opt']
+    groups = script.decoupled_sgd_groups(net, lr=11.5, weight_decay=0.0153, momentum=0.85,
+                                         batch_size=1024, bias_scaler=64.0)
+    kilostep = 1024 * (1 + 1 / (1 - 0.85))
+    norm_biases, others = groups
+    assert others['lr'] == pytest.approx(11.5 / kilostep)
+    assert norm_biases['lr'] == pytest.approx(64 * 11.5 / kilostep)
+    for group in groups:  # the same decay strength in every group, whatever its lr
+        assert group['lr'] * group['weight_decay'] == pytest.approx(0.0153 * 1024 / kilostep)
+    # Every trainable parameter is in exactly one group; frozen ones in none
+    grouped = [id(p) for g in groups for p in g['params']]
+    trainable = [id(p) for p in net.parameters() if p.requires_grad]
+    assert sorted(grouped) == sorted(trainable)
+    norm_bias_ids = {id(m.bias) for m in net.modules() if isinstance(m, nn.BatchNorm2d)}
+    assert {id(p) for p in norm_biases['params']} == norm_bias_ids
+    assert id(net[0].bias) in {id(p) for p in others['params']}
+    # The same decay per step whatever the lr: decay strength is independent of the lr
+    other_lr = script.decoupled_sgd_groups(net, lr=5.0, weight_decay=0.0153, momentum=0.85,
+                                           batch_size=1024, bias_scaler=64.0)
+    assert other_lr[1]['lr'] * other_lr[1]['weight_decay'] == pytest.approx(
+        others['lr'] * others['weight_decay'])
+    assert opt['lr'] > 0 and opt['momentum'] == 0.85 and opt['weight_decay'] == 0.0153
+
+
+class TinyNet(nn.Module):
+    """Position- and orientation-sensitive, so every TTA view gives different logits."""
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 5, 3)
+        self.linear = nn.Linear(5 * 30 * 30, 4)
+
+    def forward(self, x):
+        return self.linear(torch.tanh(self.conv(x)).flatten(1))
+
+
+def test_tta_levels_are_the_weighted_means_of_the_views(script):
+    torch.manual_seed(0)
+    net = TinyNet()
+    images = torch.randn(10, 3, 32, 32)
+    autocast = torch.autocast('cpu', enabled=False)
+    padded = F.pad(images, (1,) * 4, mode='reflect')
+    up_left, down_right = padded[:, :, 0:32, 0:32], padded[:, :, 2:34, 2:34]
+    with torch.no_grad():
+        views = [net(v) for v in (images, images.flip(-1), up_left, up_left.flip(-1),
+                                  down_right, down_right.flip(-1))]
+    expected = {0: views[0], 1: (views[0] + views[1]) / 2,
+                2: (views[0] + views[1]) / 4 + (views[2] + views[3] + views[4] + views[5]) / 8}
+    for level, logits in expected.items():
+        got = script.infer(net, images, level, autocast, batch_size=4)  # batches of 4, 4, 2
+        assert torch.allclose(got, logits, atol=1e-5), level
+    assert not torch.allclose(expected[2], expected[1], atol=1e-3)  # the views do differ
+    with pytest.raises(ValueError):
+        script.infer(net, images, 3, autocast)
+
+
+def test_cuda_precision_recipe_takes_a_training_step_on_the_cpu(script):
+    """The paper's CUDA recipe: fp16 weights and activations, BatchNorm in fp32, channels_last."""
+    torch.manual_seed(0)
+    device = torch.device('cpu')
+    net = script.to_device_precision(build(script), device, 'fp16')
+    for module in net.modules():
+        expected = torch.float32 if isinstance(module, nn.BatchNorm2d) else torch.float16
+        for p in module.parameters(recurse=False):
+            assert p.dtype == expected
+    groups = script.decoupled_sgd_groups(net, 11.5, 0.0153, 0.85, 16, 64.0)
+    optimizer = torch.optim.SGD(groups, momentum=0.85, nesterov=True)
+    inputs = torch.randn(16, 3, 32, 32, dtype=script.input_dtype('fp16'))
+    labels = torch.randint(0, 10, (16,))
+    before = net[2].conv1.weight.detach().clone()
+    with script.autocast_context(device, 'fp16'):
+        outputs = net(inputs)
+    loss = F.cross_entropy(outputs.float(), labels, label_smoothing=0.2, reduction='sum')
+    loss.backward()
+    optimizer.step()
+    assert outputs.dtype == torch.float16 and torch.isfinite(loss)
+    assert not torch.equal(net[2].conv1.weight, before)
+    assert net[2].conv1.weight.dtype == torch.float16 and net[2].norm1.bias.dtype == torch.float32
+
+
+def test_hyperparameters_match_the_spec(script):
+    opt, aug, arch = script.hyp['opt'], script.hyp['aug'], script.hyp['net']
+    assert opt['batch_size'] == 1024 and opt['momentum'] == 0.85 and opt['label_smoothing'] == 0.2
+    assert opt['weight_decay'] == 0.0153 and opt['bias_scaler'] == 64.0
+    assert opt['whiten_bias_epochs'] == 3 and opt['lookahead_every'] == 5
+    assert arch['batchnorm_momentum'] == 0.6 and arch['scaling_factor'] == 1 / 9
+    assert arch['whiten_eps'] == 5e-4 and arch['tta_level'] == 2
+    assert aug['flip'] == 'alternating'
+    expected = {'airbench94': (9.9, 11.5, {'block1': 64, 'block2': 256, 'block3': 256}, 2, 0)}
+    epochs, lr, widths, translate, cutout = expected[script.__name__]
+    assert (opt['train_epochs'], opt['lr'], arch['widths'], aug['translate'], aug['cutout']) == \
+        (epochs, lr, widths, translate, cutout)
+

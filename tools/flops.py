@@ -1,0 +1,73 @@
+"""Count the FLOPs of one training run of each script from its built network.
+
+Two counts per script, both from torch.utils.flop_counter (2 FLOPs per multiply-add):
+- exact: the training steps as run (the frozen whitening weights need no gradient, and its bias
+  none after the first epochs), plus the test-time augmentation views;
+- conventional: 3 x the forward FLOPs per training image processed (the usual forward + backward
+  estimate), plus the TTA views; the paper's figures follow this convention.
+
+Usage: python tools/flops.py [airbench94 ...]
+"""
+import importlib.util
+import math
+import os
+import sys
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PAPER_PFLOPS = {'airbench94': 0.36}
+TTA_VIEWS = {0: 1, 1: 2, 2: 6}
+
+
+def load_script(name):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, f'{name}.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def count_flops(fn):
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return counter.get_total_flops()
+
+
+def run_flops(script, num_train=50000, num_test=10000, num_classes=10, probe_batch=4):
+    """FLOPs of one run: {'forward_per_image', 'exact', 'conventional', 'steps'}."""
+    opt, arch = script.hyp['opt'], script.hyp['net']
+    net = script.make_net(arch['widths'], num_classes, arch['batchnorm_momentum'],
+                          arch['scaling_factor'])
+    inputs = torch.randn(probe_batch, 3, 32, 32)
+    labels = torch.randint(0, num_classes, (probe_batch,))
+    forward = count_flops(lambda: net(inputs)) / probe_batch
+
+    def step_per_image(whiten_bias_trainable):
+        net[0].bias.requires_grad = whiten_bias_trainable
+        return count_flops(lambda: torch.nn.functional.cross_entropy(
+            net(inputs), labels, reduction='sum').backward()) / probe_batch
+
+    steps_per_epoch = num_train // opt['batch_size']
+    steps = math.ceil(steps_per_epoch * opt['train_epochs'])
+    steps_with_bias = min(steps, steps_per_epoch * opt['whiten_bias_epochs'])
+    images_per_step = opt['batch_size']
+    tta = TTA_VIEWS[arch['tta_level']] * num_test * forward
+    exact = images_per_step * (steps_with_bias * step_per_image(True)
+                               + (steps - steps_with_bias) * step_per_image(False)) + tta
+    conventional = 3 * forward * images_per_step * steps + tta
+    return dict(forward_per_image=forward, exact=exact, conventional=conventional, steps=steps)
+
+
+def main(names):
+    print(f'{"script":<22}{"steps":>6}{"fwd MFLOP/img":>15}{"exact PFLOPs":>14}'
+          f'{"conventional":>14}{"paper":>8}')
+    for name in names:
+        figures = run_flops(load_script(name))
+        print(f'{name:<22}{figures["steps"]:>6}{figures["forward_per_image"] / 1e6:>15.1f}'
+              f'{figures["exact"] / 1e15:>14.3f}{figures["conventional"] / 1e15:>14.3f}'
+              f'{PAPER_PFLOPS.get(name, float("nan")):>8.2f}')
+
+
+if __name__ == '__main__':
+    main(sys.argv[1:] or list(PAPER_PFLOPS))
