@@ -10,16 +10,27 @@ spec = importlib.util.spec_from_file_location('flops_tool', os.path.join(REPO, '
 flops_tool = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(flops_tool)
 
-# Tolerances: the paper rounds to two significant figures, so its 0.36 stands for [0.355, 0.365).
-# The exact count is lower than the conventional 3x-forward estimate because the frozen whitening
-# layer needs no weight gradient and, after 3 epochs, no gradient at all.
-TOLERANCE = {'airbench94': 0.03}
+# The exact count (the steps as run, plus TTA) against the paper: 94 is required within 3%, 95 and
+# 96 within 5%. Measured: 0.350 vs 0.36 (-2.8%), 1.338 vs 1.4 (-4.4%), 7.232 vs 7.2 (+0.4%).
+TOLERANCE = {'airbench94': 0.03, 'airbench95': 0.05, 'airbench96': 0.05}
 
 
-@pytest.mark.parametrize('name', list(flops_tool.PAPER_PFLOPS))
-def test_training_flops_match_the_paper(name):
-    figures = flops_tool.run_flops(flops_tool.load_script(name))
-    paper = flops_tool.PAPER_PFLOPS[name] * 1e15
-    assert abs(figures['exact'] - paper) / paper < TOLERANCE[name]
-    assert abs(figures['conventional'] - paper) / paper < 0.015
-    assert figures['exact'] < figures['conventional']
+@pytest.fixture(scope='module')
+def figures():
+    return {name: flops_tool.run_flops(flops_tool.load_script(name))
+            for name in flops_tool.PAPER_PFLOPS}
+
+
+@pytest.mark.parametrize('name', list(TOLERANCE))
+def test_training_flops_match_the_paper(name, figures):
+    counted, paper = figures[name], flops_tool.PAPER_PFLOPS[name] * 1e15
+    assert abs(counted['exact'] - paper) / paper < TOLERANCE[name]
+    assert abs(counted['conventional'] - paper) / paper < 0.03
+    # The frozen whitening layer and the dropped partial batch make each count smaller than the next
+    assert counted['exact'] < counted['conventional'] < counted['nominal']
+
+
+def test_airbench96_count_supports_the_papers_7_2_not_7_5(figures):
+    exact, nominal = figures['airbench96']['exact'] / 1e15, figures['airbench96']['nominal'] / 1e15
+    assert abs(exact - 7.2) < abs(exact - 7.5)
+    assert abs(nominal - 7.5) < abs(nominal - 7.2)  # the README's 7.5 counts 50,000 images x 40

@@ -8,7 +8,7 @@ from torch import nn
 
 # Parameter counts of the built networks (all parameters, including the frozen whitening weights and
 # BatchNorm scales). The paper states 1.97 M for airbench94.
-PARAMETER_COUNTS = {'airbench94': 1_972_792}
+PARAMETER_COUNTS = {'airbench94': 1_972_792, 'airbench95': 4_606_520, 'airbench96': 12_721_208}
 FEATURE_MAP_SIZES = [31, 15, 7, 3]
 
 
@@ -36,7 +36,7 @@ def test_parameter_count(script):
     net = build(script)
     count = sum(p.numel() for p in net.parameters())
     assert count == PARAMETER_COUNTS[script.__name__]
-    assert f'{count:,}-parameter' in script.__doc__  # the header states the built network's count
+    assert f'{count:,}' in script.__doc__  # the header states the built network's count
 
 
 def test_batchnorm_as_specified(script):
@@ -330,8 +330,61 @@ def test_hyperparameters_match_the_spec(script):
     assert arch['batchnorm_momentum'] == 0.6 and arch['scaling_factor'] == 1 / 9
     assert arch['whiten_eps'] == 5e-4 and arch['tta_level'] == 2
     assert aug['flip'] == 'alternating'
-    expected = {'airbench94': (9.9, 11.5, {'block1': 64, 'block2': 256, 'block3': 256}, 2, 0)}
+    expected = {'airbench94': (9.9, 11.5, {'block1': 64, 'block2': 256, 'block3': 256}, 2, 0),
+                'airbench95': (15, 10.0, {'block1': 128, 'block2': 384, 'block3': 384}, 2, 0),
+                'airbench96': (40, 9.0, {'block1': 128, 'block2': 512, 'block3': 512}, 4, 12)}
     epochs, lr, widths, translate, cutout = expected[script.__name__]
     assert (opt['train_epochs'], opt['lr'], arch['widths'], aug['translate'], aug['cutout']) == \
         (epochs, lr, widths, translate, cutout)
 
+
+
+def test_airbench96_block_output_is_its_two_paths_summed():
+    from conftest import load_script
+    script = load_script('airbench96')
+    torch.manual_seed(0)
+    block = script.ConvGroup(8, 16, 0.6).eval()
+    for norm in (block.norm1, block.norm2, block.norm3):  # non-trivial statistics and biases
+        norm.running_mean.uniform_(-1, 1)
+        norm.running_var.uniform_(0.5, 2)
+        norm.bias.data.uniform_(-1, 1)
+    x = torch.randn(3, 8, 14, 14)
+    shortcut = block.activ(block.norm1(block.pool(block.conv1(x))))
+    branch = block.activ(block.norm3(block.conv3(block.activ(block.norm2(block.conv2(shortcut))))))
+    with torch.no_grad():
+        assert torch.allclose(block(x), shortcut + branch, atol=1e-6)
+        assert not torch.allclose(block(x), branch, atol=1e-3)  # the shortcut does contribute
+    assert sum(isinstance(m, nn.Conv2d) for m in block.modules()) == 3
+
+
+def test_shared_blocks_are_identical_across_scripts():
+    import importlib.util
+    import os
+    from conftest import REPO
+    spec = importlib.util.spec_from_file_location('shared', os.path.join(REPO, 'tools', 'shared_blocks.py'))
+    shared = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(shared)
+    for name in shared.METHOD_DIFFERENCES:
+        assert shared.differences(name) == []
+    assert shared.sections(shared.read('airbench94')) == [
+        'Hyperparameters', 'Data loading and augmentation', 'Network',
+        'Initialization (whitening, identity)', 'Lookahead', 'Evaluation and TTA', 'Training',
+        'Logging', 'Main']
+
+
+def test_shared_block_check_detects_a_drifted_copy(tmp_path, monkeypatch):
+    import importlib.util
+    import os
+    import shutil
+    from conftest import REPO
+    spec = importlib.util.spec_from_file_location('shared', os.path.join(REPO, 'tools', 'shared_blocks.py'))
+    shared = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(shared)
+    for name in ('airbench94', 'airbench95'):
+        shutil.copy(os.path.join(REPO, f'{name}.py'), tmp_path)
+    drifted = (tmp_path / 'airbench95.py').read_text().replace('return 0.95**5 *', 'return 0.9**5 *')
+    (tmp_path / 'airbench95.py').write_text(drifted)
+    monkeypatch.setattr(shared, 'REPO', str(tmp_path))
+    assert shared.differences('airbench95') == ["airbench95: block 'lookahead_decay' differs from airbench94.py"]
+    shared.sync('airbench95')
+    assert shared.differences('airbench95') == []
