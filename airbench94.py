@@ -72,23 +72,21 @@ hyp = {
 
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
+TORCHVISION_DATASETS = ('cifar10', 'cifar100', 'svhn')
 IMAGE_EXTENSIONS = ('.png', '.jpg', '.jpeg', '.bmp', '.webp')
-CACHE_FORMAT_VERSION = 1
+CACHE_FORMAT_VERSION = 2
 
 
 class DataError(Exception):
     """A problem with the dataset or its location; the message says what is wrong and how to fix it."""
 
 
-def _image_folder_classes(split_dir):
-    return sorted(entry.name for entry in os.scandir(split_dir) if entry.is_dir())
-
-
 def read_image_folder_split(split_dir):
-    """Decode split_dir/<class>/<image> into uint8 images (N, 32, 32, 3) and int64 labels (N,)."""
+    """Decode split_dir/<class>/<image> into uint8 images (N, 32, 32, 3), int64 labels (N,) and the
+    sorted class names."""
     from PIL import Image  # torchvision depends on Pillow
     import numpy as np
-    classes = _image_folder_classes(split_dir)
+    classes = sorted(entry.name for entry in os.scandir(split_dir) if entry.is_dir())
     images, labels = [], []
     for label, name in enumerate(classes):
         class_dir = os.path.join(split_dir, name)
@@ -114,30 +112,57 @@ def read_image_folder_split(split_dir):
     return torch.from_numpy(np.stack(images)), torch.tensor(labels, dtype=torch.int64), classes
 
 
-def read_image_folder(data_dir):
-    """Read the image-folder layout: data_dir/train/<class>/* and data_dir/test/<class>/*."""
-    train_images, train_labels, classes = read_image_folder_split(os.path.join(data_dir, 'train'))
-    test_images, test_labels, test_classes = read_image_folder_split(os.path.join(data_dir, 'test'))
-    if test_classes != classes:
-        only_train = sorted(set(classes) - set(test_classes))
-        only_test = sorted(set(test_classes) - set(classes))
-        raise DataError(f'{data_dir}: train/ and test/ have different class directories (only in '
-                        f'train: {only_train}; only in test: {only_test}). Both splits need the '
-                        'same class subdirectories.')
-    return {'train': {'images': train_images, 'labels': train_labels},
-            'test': {'images': test_images, 'labels': test_labels}, 'classes': classes}
+def is_image_folder(data_dir, train_splits):
+    return all(os.path.isdir(os.path.join(data_dir, split)) for split in [*train_splits, 'test'])
 
 
-def read_torchvision_cifar10(data_dir, download):
-    """Read (and with download=True, fetch) CIFAR-10 in torchvision's layout under data_dir."""
+def read_image_folder(data_dir, train_splits=('train',)):
+    """Read data_dir/<split>/<class>/* for the training splits (concatenated; CINIC-10 users may
+    add 'valid') and for test/. Every split must have the same class directories."""
+    parts = {split: read_image_folder_split(os.path.join(data_dir, split))
+             for split in [*train_splits, 'test']}
+    classes = parts['test'][2]
+    for split, (_, _, split_classes) in parts.items():
+        if split_classes != classes:
+            only_here = sorted(set(split_classes) - set(classes))
+            only_test = sorted(set(classes) - set(split_classes))
+            raise DataError(f'{data_dir}: {split}/ and test/ have different class directories (only '
+                            f'in {split}: {only_here}; only in test: {only_test}). All splits need '
+                            'the same class subdirectories.')
+    return {'train': {'images': torch.cat([parts[s][0] for s in train_splits]),
+                      'labels': torch.cat([parts[s][1] for s in train_splits])},
+            'test': {'images': parts['test'][0], 'labels': parts['test'][1]}, 'classes': classes}
+
+
+def read_torchvision_dataset(name, data_dir, download):
+    """Read (and with download=True, fetch) a torchvision dataset in its own layout under data_dir."""
     import torchvision
     splits = {}
     for split in ('train', 'test'):
-        dataset = torchvision.datasets.CIFAR10(data_dir, train=(split == 'train'), download=download)
-        splits[split] = {'images': torch.tensor(dataset.data),
-                         'labels': torch.tensor(dataset.targets, dtype=torch.int64)}
-        classes = list(dataset.classes)
+        if name == 'svhn':
+            dataset = torchvision.datasets.SVHN(data_dir, split=split, download=download)
+            images = torch.from_numpy(dataset.data).permute(0, 2, 3, 1).contiguous()
+            labels, classes = torch.from_numpy(dataset.labels).long(), [str(d) for d in range(10)]
+        else:
+            dataset_class = {'cifar10': torchvision.datasets.CIFAR10,
+                             'cifar100': torchvision.datasets.CIFAR100}[name]
+            dataset = dataset_class(data_dir, train=(split == 'train'), download=download)
+            images, labels = torch.from_numpy(dataset.data), torch.tensor(dataset.targets)
+            classes = list(dataset.classes)
+        splits[split] = {'images': images, 'labels': labels.to(torch.int64)}
     return {**splits, 'classes': classes}
+
+
+def folder_fingerprint(data_dir, splits):
+    """Number, total size and latest modification time of the files under the splits' folders:
+    a cache of an image folder is rebuilt when this changes."""
+    count = size = latest = 0
+    for split in splits:
+        for root, _, files in os.walk(os.path.join(data_dir, split)):
+            for file_name in files:
+                stat = os.stat(os.path.join(root, file_name))
+                count, size, latest = count + 1, size + stat.st_size, max(latest, stat.st_mtime_ns)
+    return [count, size, latest]
 
 
 def channel_stats(images):
@@ -158,41 +183,58 @@ def validate_dataset(data, source):
                             f'{len(data["classes"])} classes.')
 
 
-def load_cifar10(data_dir, download=True, log=print):
-    """CIFAR-10 as uint8 tensors: {'train': {'images', 'labels'}, 'test': {...}, 'classes', 'mean', 'std'}.
+def load_dataset(name, data_dir, train_splits=('train',), download=True, log=print):
+    """A dataset as uint8 tensors: {'train': {'images' (N, 32, 32, 3), 'labels'}, 'test': {...},
+    'classes', 'mean', 'std'}.
 
-    Looks in data_dir for, in order: this script's tensor cache (airbench_cache.pt), the
-    image-folder layout (train/<class>/*, test/<class>/*), torchvision's layout; else downloads
-    with torchvision. Whatever was decoded is cached as tensors in data_dir for the next run.
+    name is 'cifar10', 'cifar100', 'svhn' or 'folder'. data_dir may hold this script's tensor cache
+    (airbench_cache.pt, used when it matches), an image-folder layout (<split>/<class>/*, the
+    training splits and test/), or the torchvision layout of the named dataset, which is downloaded
+    when absent. Whatever was decoded is cached in data_dir for the next start. Normalization uses
+    the CIFAR-10 constants for CIFAR-10 and statistics of the training set otherwise.
     """
+    train_splits = tuple(train_splits)
     cache_path = os.path.join(data_dir, 'airbench_cache.pt')
+    folder = is_image_folder(data_dir, train_splits)
+    source = dict(version=CACHE_FORMAT_VERSION, dataset=name, train_splits=list(train_splits),
+                  fingerprint=folder_fingerprint(data_dir, [*train_splits, 'test']) if folder else None)
     if os.path.exists(cache_path):
         try:
             data = torch.load(cache_path, map_location='cpu', weights_only=True)
-            if data.get('version') != CACHE_FORMAT_VERSION:
-                raise DataError('written by another version of this script')
             validate_dataset(data, cache_path)
-            return data
+            stale = [key for key, value in source.items() if data.get(key) != value]
+            if not stale:
+                return data
+            log(f'The tensor cache {cache_path} does not match this data ({", ".join(stale)} '
+                'differ); rebuilding it.')
         except Exception as error:
             log(f'The tensor cache {cache_path} is unreadable ({error}); rebuilding it from the '
                 'source data.')
-    if os.path.isdir(os.path.join(data_dir, 'train')) and os.path.isdir(os.path.join(data_dir, 'test')):
+    if folder:
         log(f'Decoding the image-folder dataset in {data_dir} (done once, then cached) ...')
-        data = read_image_folder(data_dir)
+        data = read_image_folder(data_dir, train_splits)
+    elif name == 'folder':
+        raise DataError(f'{os.path.abspath(data_dir)} is not in the image-folder layout: it needs '
+                        f'the subdirectories {", ".join(s + "/" for s in [*train_splits, "test"])} '
+                        'each holding one directory of 32x32 images per class. Point --data-dir at '
+                        'such a directory, or use --dataset cifar10|cifar100|svhn.')
     else:
         try:
-            data = read_torchvision_cifar10(data_dir, download=download)
+            data = read_torchvision_dataset(name, data_dir, download=download)
         except Exception as error:
             raise DataError(
-                f'No CIFAR-10 found in {os.path.abspath(data_dir)} and it could not be downloaded '
-                f'({type(error).__name__}: {error}). Provide the data in one of these ways: (1) run '
-                'once with network access and the script downloads it there; (2) put torchvision\'s '
-                'cifar-10-batches-py/ folder in that directory; (3) point --data-dir at an '
+                f'No {name} dataset found in {os.path.abspath(data_dir)} and it could not be '
+                f'downloaded ({type(error).__name__}: {error}). Provide the data in one of these '
+                'ways: (1) run once with network access and the script downloads it there; (2) put '
+                f'torchvision\'s files for {name} in that directory; (3) point --data-dir at an '
                 'image-folder directory holding train/<class>/*.png|jpg and test/<class>/*.png|jpg.'
             ) from None
     validate_dataset(data, data_dir)
-    data['mean'], data['std'] = CIFAR10_MEAN, CIFAR10_STD
-    data['version'] = CACHE_FORMAT_VERSION
+    if name == 'cifar10':
+        data['mean'], data['std'] = CIFAR10_MEAN, CIFAR10_STD
+    else:
+        data['mean'], data['std'] = channel_stats(data['train']['images'])
+    data.update(source)
     try:
         os.makedirs(data_dir, exist_ok=True)
         atomic_save(data, cache_path)
@@ -378,6 +420,16 @@ def init_identity(net):
                 nn.init.dirac_(weight[:weight.size(1)])
 
 
+def reinitialize(net):
+    """Give every layer PyTorch's default init (BatchNorm: scale 1, bias 0, fresh running
+    statistics), then the identity init. Lets one built (or compiled) network serve many runs."""
+    with torch.no_grad():
+        for module in net.modules():
+            if module is not net and hasattr(module, 'reset_parameters'):
+                module.reset_parameters()
+    init_identity(net)
+
+
 def whitening_filters(images, kernel_size, eps):
     """Filters that whiten the kernel_size x kernel_size patches of images (N, C, H, W): the
     eigenvectors of the patches' second-moment matrix, largest eigenvalue first, each divided by
@@ -498,10 +550,11 @@ def synchronize(device):
         torch.cuda.synchronize(device)
 
 
-def train(run, data, hyp, device, precision, seed, epoch_eval=True, log=print):
+def train(run, data, hyp, device, precision, seed, epoch_eval=True, log=print, net=None):
     """One training run. data: uint8 images and int64 labels of both splits on the device, with
-    the classes, mean and std (see load_cifar10). Returns a dict of this run's figures."""
-    torch.manual_seed(seed)
+    the classes, mean and std (see load_dataset). net: a network from make_net, already on the
+    device in the precision (and possibly compiled), to reinitialize and train in place; built
+    afresh when None. The seed alone determines the run. Returns a dict of this run's figures."""
     opt, aug, arch = hyp['opt'], hyp['aug'], hyp['net']
     batch_size, epochs = opt['batch_size'], opt['train_epochs']
     dtype, autocast = input_dtype(precision), autocast_context(device, precision)
@@ -516,10 +569,13 @@ def train(run, data, hyp, device, precision, seed, epoch_eval=True, log=print):
                         f'{batch_size}; use more data or a smaller batch_size (--hyp opt.batch_size=N).')
     total_steps = ceil(len(train_loader) * epochs)
 
-    net = make_net(arch['widths'], len(data['classes']), arch['batchnorm_momentum'],
-                   arch['scaling_factor'])
-    init_identity(net)
-    net = to_device_precision(net, device, precision)
+    if net is None:
+        net = to_device_precision(make_net(arch['widths'], len(data['classes']),
+                                           arch['batchnorm_momentum'], arch['scaling_factor']),
+                                  device, precision)
+    torch.manual_seed(seed)
+    reinitialize(net)
+    net[0].bias.requires_grad = True  # a reused network comes back with it frozen
     optimizer = torch.optim.SGD(
         decoupled_sgd_groups(net, opt['lr'], opt['weight_decay'], opt['momentum'], batch_size,
                              opt['bias_scaler']),
@@ -537,7 +593,7 @@ def train(run, data, hyp, device, precision, seed, epoch_eval=True, log=print):
     synchronize(device)
     total_time_seconds = time.perf_counter() - start_time
 
-    step = 0
+    step, epoch_train_losses = 0, []
     for epoch in range(ceil(epochs)):
         net[0].bias.requires_grad = epoch < opt['whiten_bias_epochs']
         synchronize(device)
@@ -563,6 +619,7 @@ def train(run, data, hyp, device, precision, seed, epoch_eval=True, log=print):
 
         # Not timed: figures of the last batch, and (optionally) plain validation accuracy
         train_loss = loss.item() / len(labels)
+        epoch_train_losses.append(train_loss)
         if not math.isfinite(train_loss):
             raise TrainingDiverged(f'run {run}: the training loss became {train_loss} in epoch '
                                    f'{epoch}. Lower the learning rate (--hyp opt.lr=...) or check '
@@ -582,8 +639,8 @@ def train(run, data, hyp, device, precision, seed, epoch_eval=True, log=print):
     tta_val_acc = (logits.argmax(1) == test_labels).float().mean().item()
     log(format_row(dict(run=run, epoch='eval', tta_val_acc=tta_val_acc,
                         total_time_seconds=total_time_seconds)))
-    return dict(tta_val_acc=tta_val_acc, val_acc=val_acc, train_loss=train_loss,
-                time_seconds=total_time_seconds, steps=step, seed=seed, net=net)
+    return dict(tta_val_acc=tta_val_acc, val_acc=val_acc, time_seconds=total_time_seconds,
+                epoch_train_losses=epoch_train_losses, steps=step, seed=seed, net=net)
 
 #############################################
 #                  Logging                  #
@@ -615,26 +672,37 @@ def t_critical_95(degrees_of_freedom):
 
 
 def describe(values):
-    """Mean, sample standard deviation, n and the 95% confidence interval of the mean."""
+    """Mean, sample standard deviation, n and the 95% confidence interval of the mean (None where
+    undefined: no values, or one)."""
     n = len(values)
-    mean = sum(values) / n if n else float('nan')
-    std = math.sqrt(sum((v - mean)**2 for v in values) / (n - 1)) if n > 1 else float('nan')
-    half_width = t_critical_95(n - 1) * std / math.sqrt(n) if n > 1 else float('nan')
+    mean = sum(values) / n if n else None
+    if n < 2:
+        return dict(mean=mean, std=None, n=n, ci95=None)
+    std = math.sqrt(sum((v - mean)**2 for v in values) / (n - 1))
+    half_width = t_critical_95(n - 1) * std / math.sqrt(n)
     return dict(mean=mean, std=std, n=n, ci95=[mean - half_width, mean + half_width])
 
 
 def atomic_save(obj, path):
     """torch.save to a temporary file, then rename: a crash never leaves a half-written file."""
     temporary = f'{path}.tmp{os.getpid()}'
-    torch.save(obj, temporary)
-    os.replace(temporary, path)
+    try:
+        torch.save(obj, temporary)
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.remove(temporary)
 
 
 def atomic_write_json(obj, path):
     temporary = f'{path}.tmp{os.getpid()}'
-    with open(temporary, 'w') as f:
-        json.dump(obj, f, indent=2)
-    os.replace(temporary, path)
+    try:
+        with open(temporary, 'w') as f:
+            json.dump(obj, f, indent=2)
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.remove(temporary)
 
 
 def write_logs(log_dir, code, results, config, status):
@@ -642,12 +710,11 @@ def write_logs(log_dir, code, results, config, status):
     every run so that an interrupted study keeps its finished runs."""
     accs = [r['tta_val_acc'] for r in results]
     times = [r['time_seconds'] for r in results]
-    per_run = [{k: v for k, v in r.items() if k != 'net'} for r in results]
-    log = dict(code=code, accs=torch.tensor(accs), times=torch.tensor(times), runs=per_run,
+    log = dict(code=code, accs=torch.tensor(accs), times=torch.tensor(times), runs=results,
                status=status, **config)
     atomic_save(log, os.path.join(log_dir, 'log.pt'))
     summary = dict(status=status, runs_finished=len(results), runs_requested=config['args']['runs'],
-                   tta_val_acc=describe(accs), time_seconds=describe(times), runs=per_run,
+                   tta_val_acc=describe(accs), time_seconds=describe(times), runs=results,
                    **{k: v for k, v in config.items() if k != 'hyp'}, hyp=config['hyp'])
     atomic_write_json(summary, os.path.join(log_dir, 'summary.json'))
 
@@ -687,8 +754,16 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument('--runs', type=int, default=25, help='timed training runs')
-    parser.add_argument('--data-dir', default=os.path.join('data', 'cifar10'),
-                        help='dataset directory: tensor cache, image-folder or torchvision layout')
+    parser.add_argument('--dataset', default='cifar10', choices=[*TORCHVISION_DATASETS, 'folder'],
+                        help="cifar10, cifar100 and svhn come through torchvision (downloaded when "
+                             "absent) or from an image folder; 'folder' is any image-folder dataset")
+    parser.add_argument('--data-dir', default=None,
+                        help='dataset directory: tensor cache, image-folder layout '
+                             '(train/<class>/*, test/<class>/*) or torchvision layout '
+                             '(default: data/<dataset>)')
+    parser.add_argument('--train-splits', default='train',
+                        help="image-folder subdirectories to train on, comma-separated (CINIC-10: "
+                             "'train,valid')")
     parser.add_argument('--device', default='auto', help="'auto' (CUDA if present), 'cpu', 'cuda', 'cuda:1', ...")
     parser.add_argument('--precision', default='auto', choices=['auto', 'fp16', 'bf16', 'fp32'],
                         help="auto: fp16 on CUDA; on the CPU bf16 autocast where the CPU has native "
@@ -700,7 +775,8 @@ def parse_args(argv):
                         help='train for this many epochs; the whole schedule stretches or shrinks '
                              f"(default: {hyp['opt']['train_epochs']})")
     parser.add_argument('--flip', choices=['alternating', 'random', 'none'], default=None,
-                        help=f"flip augmentation (default: {hyp['aug']['flip']})")
+                        help=f"flip augmentation (default: {hyp['aug']['flip']}; none for svhn, "
+                             "whose digits are not mirror-symmetric)")
     parser.add_argument('--tta-level', type=int, choices=[0, 1, 2], default=None,
                         help=f"test-time augmentation (default: {hyp['net']['tta_level']})")
     parser.add_argument('--hyp', type=parse_hyp_override, action='append', default=[],
@@ -710,7 +786,14 @@ def parse_args(argv):
                         help='evaluate (untimed) after every epoch for the table')
     parser.add_argument('--warmup', action=argparse.BooleanOptionalAction, default=True,
                         help='first run a short untimed training on dummy data')
+    parser.add_argument('--deterministic', action='store_true',
+                        help='CUDA: deterministic algorithms and no cudnn autotuning, so a seed '
+                             'repeats a run bitwise, a little slower (the CPU is deterministic anyway)')
     args = parser.parse_args(argv)
+    if args.dataset == 'folder' and args.data_dir is None:
+        parser.error('--dataset folder needs --data-dir DIR (a directory with train/ and test/)')
+    if args.data_dir is None:
+        args.data_dir = os.path.join('data', args.dataset)
     if args.runs < 1:
         parser.error(f'--runs must be at least 1, not {args.runs}')
     if args.epochs is not None and not (args.epochs > 0 and math.isfinite(args.epochs)):
@@ -763,15 +846,20 @@ def main(argv=None):
         run_hyp['opt']['train_epochs'] = args.epochs
     if args.flip is not None:
         run_hyp['aug']['flip'] = args.flip
+    elif args.dataset == 'svhn':
+        run_hyp['aug']['flip'] = 'none'  # as the paper does for SVHN
     if args.tta_level is not None:
         run_hyp['net']['tta_level'] = args.tta_level
     precision = resolve_precision(args.precision, device)
     if device.type == 'cuda':
-        torch.backends.cudnn.benchmark = True
+        torch.backends.cudnn.benchmark = not args.deterministic
+    if args.deterministic:
+        os.environ.setdefault('CUBLAS_WORKSPACE_CONFIG', ':4096:8')
+        torch.use_deterministic_algorithms(True)
     base_seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), 'little') >> 1
 
     try:
-        data = load_cifar10(args.data_dir)
+        data = load_dataset(args.dataset, args.data_dir, args.train_splits.split(','))
     except DataError as error:
         sys.exit(f'error: {error}')
     data = {**data, 'train': {k: v.to(device) for k, v in data['train'].items()},
@@ -789,16 +877,16 @@ def main(argv=None):
           f'{config["num_train"]} train / {config["num_test"]} test images, '
           f'{len(data["classes"])} classes, seed {base_seed}, log {log_dir}')
 
-    print(format_row())
-    if args.warmup:  # on dummy data, untimed: first-call costs (allocation, kernel selection)
-        warmup_data = dummy_dataset(len(data['classes']), run_hyp['opt']['batch_size'], device)
-        train('warmup', warmup_data, run_hyp, device, precision, seed=base_seed, epoch_eval=False)
     results, status = [], 'running'
     try:
+        print(format_row())
+        if args.warmup:  # on dummy data, untimed: first-call costs (allocation, kernel selection)
+            warmup_data = dummy_dataset(len(data['classes']), run_hyp['opt']['batch_size'], device)
+            train('warmup', warmup_data, run_hyp, device, precision, seed=base_seed, epoch_eval=False)
         for run in range(args.runs):
             result = train(run, data, run_hyp, device, precision, seed=base_seed + run,
                            epoch_eval=args.epoch_eval)
-            results.append(result)
+            results.append({k: v for k, v in result.items() if k != 'net'})
             status = 'finished' if len(results) == args.runs else 'running'
             write_logs(log_dir, code, results, config, status)
     except KeyboardInterrupt:
@@ -809,15 +897,17 @@ def main(argv=None):
         print(f'\nerror: {error}')
     write_logs(log_dir, code, results, config, status)
 
-    if results:
-        accs = describe([r['tta_val_acc'] for r in results])
-        times = describe([r['time_seconds'] for r in results])
-        print(f"TTA accuracy: mean {accs['mean']:.4f}  std {accs['std']:.4f}  n {accs['n']}  "
-              f"95% CI [{accs['ci95'][0]:.4f}, {accs['ci95'][1]:.4f}]")
-        print(f"Timed seconds: mean {times['mean']:.3f}  std {times['std']:.3f}  n {times['n']}  "
-              f"95% CI [{times['ci95'][0]:.3f}, {times['ci95'][1]:.3f}]")
+    for name, values, digits in (('TTA accuracy', [r['tta_val_acc'] for r in results], 4),
+                                 ('Timed seconds', [r['time_seconds'] for r in results], 3)):
+        stats = describe(values)
+        if stats['n'] == 1:
+            print(f"{name}: {stats['mean']:.{digits}f} (n 1)")
+        elif stats['n'] > 1:
+            low, high = stats['ci95']
+            print(f"{name}: mean {stats['mean']:.{digits}f}  std {stats['std']:.{digits}f}  "
+                  f"n {stats['n']}  95% CI [{low:.{digits}f}, {high:.{digits}f}]")
     print(f'Log: {os.path.abspath(log_dir)}')
-    return 0 if status == 'finished' else 1
+    return {'finished': 0, 'diverged': 1, 'interrupted': 130}[status]
 
 
 if __name__ == '__main__':

@@ -1,65 +1,191 @@
-"""Bad input gets a clear message naming the problem and the fix, never a deep traceback."""
+"""Bad input gets a clear message naming the problem and the fix, never a deep traceback, and
+nothing already computed is lost."""
+import json
 import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
+import torch
 
-from conftest import write_image_folder
-from test_end_to_end import run_script
+from conftest import REPO, write_image_folder
+from test_end_to_end import QUICK, run_script
 
 
 def test_missing_data_without_network_says_how_to_provide_it(ab94, tmp_path):
     with pytest.raises(ab94.DataError) as error:
-        ab94.load_cifar10(str(tmp_path / 'nothing'), download=False)
+        ab94.load_dataset('cifar10', str(tmp_path / 'nothing'), download=False)
     message = str(error.value)
-    assert 'No CIFAR-10 found' in message and '--data-dir' in message and 'image-folder' in message
+    assert 'No cifar10 dataset found' in message
+    assert 'network access' in message and 'image-folder' in message and '--data-dir' in message
+
+
+def test_directory_in_neither_layout(ab94, tmp_path):
+    (tmp_path / 'images').mkdir()
+    (tmp_path / 'images' / 'a.png').write_bytes(b'')
+    with pytest.raises(ab94.DataError, match='is not in the image-folder layout: it needs the '
+                                             'subdirectories train/, test/'):
+        ab94.load_dataset('folder', str(tmp_path))
 
 
 def test_images_not_32x32_are_refused(ab94, tmp_path):
     root = write_image_folder(str(tmp_path / 'big'), num_classes=2, train_per_class=2,
                               test_per_class=1, size=40)
     with pytest.raises(ab94.DataError, match='40x40 pixels.*32x32.*do not resize'):
-        ab94.load_cifar10(root)
+        ab94.load_dataset('folder', root)
+
+
+def test_unreadable_image_is_named(ab94, tmp_path):
+    root = write_image_folder(str(tmp_path / 'broken'), num_classes=2, train_per_class=2,
+                              test_per_class=1)
+    bad = os.path.join(root, 'train', 'class_1', '0001.png')
+    with open(bad, 'wb') as f:
+        f.write(b'not a png')
+    with pytest.raises(ab94.DataError, match=f'{bad} could not be read as an image'):
+        ab94.load_dataset('folder', root)
 
 
 def test_train_and_test_class_sets_must_match(ab94, tmp_path):
     root = write_image_folder(str(tmp_path / 'mismatch'), num_classes=3, train_per_class=2,
                               test_per_class=1)
     os.rename(os.path.join(root, 'test', 'class_2'), os.path.join(root, 'test', 'class_9'))
-    with pytest.raises(ab94.DataError, match=r"only in train: \['class_2'\]; only in test: \['class_9'\]"):
-        ab94.load_cifar10(root)
+    with pytest.raises(ab94.DataError,
+                       match=r"only in train: \['class_2'\]; only in test: \['class_9'\]"):
+        ab94.load_dataset('folder', root)
 
 
-def test_corrupt_cache_is_rebuilt(ab94, image_folder):
-    first = ab94.load_cifar10(image_folder)
+def test_corrupt_cache_is_rebuilt_and_said_so(ab94, image_folder):
+    first = ab94.load_dataset('folder', image_folder)
     cache = os.path.join(image_folder, 'airbench_cache.pt')
     with open(cache, 'r+b') as f:
         f.truncate(100)
     messages = []
-    second = ab94.load_cifar10(image_folder, log=messages.append)
+    second = ab94.load_dataset('folder', image_folder, log=messages.append)
     assert any('unreadable' in m and 'rebuilding' in m for m in messages)
-    assert (second['train']['images'] == first['train']['images']).all()
+    assert torch.equal(second['train']['images'], first['train']['images'])
     assert os.path.getsize(cache) > 100
+
+
+def test_stale_cache_is_rebuilt_when_the_folder_changes(ab94, image_folder):
+    first = ab94.load_dataset('folder', image_folder)
+    extra = os.path.join(image_folder, 'train', 'class_0', 'extra.png')
+    from PIL import Image
+    Image.new('RGB', (32, 32), (9, 9, 9)).save(extra)
+    messages = []
+    second = ab94.load_dataset('folder', image_folder, log=messages.append)
+    assert any('does not match' in m and 'fingerprint' in m for m in messages)
+    assert len(second['train']['labels']) == len(first['train']['labels']) + 1
+    # And a cache that matches is used without decoding again
+    messages.clear()
+    ab94.load_dataset('folder', image_folder, log=messages.append)
+    assert messages == []
 
 
 @pytest.mark.parametrize('flags, message', [
     (['--runs', '0'], '--runs must be at least 1'),
     (['--epochs', '0'], '--epochs must be a positive number'),
     (['--epochs', '-2'], '--epochs must be a positive number'),
+    (['--epochs', 'nan'], '--epochs must be a positive number'),
     (['--device', 'toaster'], "--device 'toaster' is not a device"),
-    (['--hyp', 'opt.learning_rate=3'], "no such hyperparameter"),
+    (['--dataset', 'imagenet'], "invalid choice: 'imagenet'"),
+    (['--dataset', 'folder'], '--dataset folder needs --data-dir'),
+    (['--hyp', 'opt.learning_rate=3'], 'no such hyperparameter'),
     (['--hyp', 'opt.lr'], '--hyp takes KEY=VALUE'),
 ])
 def test_nonsensical_flags(flags, message, tmp_path):
-    result = run_script('airbench94', '--data-dir', str(tmp_path), *flags, timeout=120)
+    args = flags if '--dataset' in flags else ['--data-dir', str(tmp_path), *flags]
+    result = run_script('airbench94', *args, timeout=120)
     assert result.returncode != 0
     assert message in result.stderr
     assert 'Traceback' not in result.stderr
 
 
 def test_cuda_requested_but_absent(tmp_path):
-    import torch
     if torch.cuda.is_available():
         pytest.skip('this machine has CUDA')
     result = run_script('airbench94', '--device', 'cuda', '--data-dir', str(tmp_path), timeout=120)
     assert result.returncode != 0 and 'sees no CUDA device' in result.stderr
     assert 'Traceback' not in result.stderr
+
+
+def test_diverging_loss_stops_with_a_message(image_folder, tmp_path):
+    result = run_script('airbench94', '--data-dir', image_folder, '--runs', '2', '--seed', '0',
+                        '--log-dir', str(tmp_path / 'logs'), *QUICK, '--hyp', 'opt.lr=1e30')
+    assert result.returncode == 1
+    assert 'the training loss became nan' in result.stdout or 'became inf' in result.stdout
+    assert 'Lower the learning rate' in result.stdout and 'Traceback' not in result.stderr
+    (run_dir,) = list((tmp_path / 'logs').iterdir())
+    summary = json.loads((run_dir / 'summary.json').read_text())
+    assert summary['status'] == 'diverged' and summary['runs_finished'] == 0
+
+
+def tiny_dataset(num_classes=2, per_class=32):
+    generator = torch.Generator().manual_seed(0)
+    labels = torch.arange(num_classes).repeat_interleave(per_class)
+    images = (labels.view(-1, 1, 1, 1) * 200 + torch.randint(0, 50, (len(labels), 32, 32, 3),
+                                                           generator=generator)).to(torch.uint8)
+    split = {'images': images, 'labels': labels}
+    return {'train': split, 'test': split, 'classes': [str(c) for c in range(num_classes)],
+            'mean': (0.5,) * 3, 'std': (0.25,) * 3}
+
+
+TINY = ['--hyp', 'opt.batch_size=32', '--epochs', '1', '--no-warmup', '--no-epoch-eval',
+        '--tta-level', '0', '--device', 'cpu']
+
+
+def test_divergence_in_a_later_run_keeps_the_earlier_runs(ab94, tmp_path, monkeypatch):
+    monkeypatch.setattr(ab94, 'load_dataset', lambda *a, **k: tiny_dataset())
+    real_train, calls = ab94.train, []
+
+    def train_diverging_on_second_run(run, *args, **kwargs):
+        calls.append(run)
+        if len(calls) == 2:
+            raise ab94.TrainingDiverged(f'run {run}: the training loss became nan')
+        return real_train(run, *args, **kwargs)
+
+    monkeypatch.setattr(ab94, 'train', train_diverging_on_second_run)
+    code = ab94.main(['--runs', '3', '--seed', '5', '--log-dir', str(tmp_path), *TINY])
+    assert code == 1 and calls == [0, 1]
+    (run_dir,) = list(tmp_path.iterdir())
+    summary = json.loads((run_dir / 'summary.json').read_text())
+    log = torch.load(run_dir / 'log.pt', weights_only=False)
+    assert summary['status'] == 'diverged' and summary['runs_finished'] == 1
+    assert summary['runs'][0]['seed'] == 5 and log['accs'].shape == (1,)
+
+
+def test_ctrl_c_keeps_finished_runs_and_says_how_many(image_folder, tmp_path):
+    args = [sys.executable, os.path.join(REPO, 'airbench94.py'), '--data-dir', image_folder,
+            '--runs', '50', '--seed', '0', '--log-dir', str(tmp_path / 'logs'), *QUICK]
+    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 600
+    summary_path = None
+    while time.time() < deadline:  # wait until the first run is in the log
+        dirs = list((tmp_path / 'logs').iterdir()) if (tmp_path / 'logs').exists() else []
+        if dirs and (dirs[0] / 'summary.json').exists():
+            summary_path = dirs[0] / 'summary.json'
+            break
+        time.sleep(0.5)
+    assert summary_path is not None
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=300)
+    summary = json.loads(summary_path.read_text())
+    assert process.returncode == 130, stderr
+    assert summary['status'] == 'interrupted' and 1 <= summary['runs_finished'] < 50
+    assert f"Interrupted: {summary['runs_finished']} of 50 runs finished" in stdout
+    assert 'Traceback' not in stderr
+    assert not [p for p in summary_path.parent.iterdir() if '.tmp' in p.name]  # no half-written file
+
+
+def test_logs_are_replaced_atomically(ab94, tmp_path, monkeypatch):
+    path = tmp_path / 'summary.json'
+    ab94.atomic_write_json({'old': 1}, str(path))
+
+    def crash(*args, **kwargs):
+        raise OSError('disk full')
+
+    monkeypatch.setattr(ab94.json, 'dump', crash)
+    with pytest.raises(OSError):
+        ab94.atomic_write_json({'new': 2}, str(path))
+    assert json.loads(path.read_text()) == {'old': 1}  # the previous log survives a failed write

@@ -6,8 +6,8 @@ blocks listed in METHOD_DIFFERENCES: those are where the method differs, and eac
 lists those changes.
 
 Usage: python tools/shared_blocks.py          report blocks that differ from airbench94.py's
-       python tools/shared_blocks.py --sync   copy airbench94.py's version of each shared block
-                                              into the other scripts
+       python tools/shared_blocks.py --sync   rewrite the other scripts as airbench94.py with
+                                              their own method blocks put back
 """
 import ast
 import os
@@ -72,14 +72,17 @@ def differences(name):
 
 
 def sync(name):
-    """Rewrite script `name` with airbench94.py's text for every shared, non-method block."""
-    reference_blocks, source = blocks(read(REFERENCE)), read(name)
+    """Rewrite script `name` as airbench94.py with that script's own method blocks put back."""
+    reference, own_blocks = read(REFERENCE), blocks(read(name))
     allowed = METHOD_DIFFERENCES.get(name, {'__doc__'})
-    lines = source.splitlines(keepends=True)
+    missing = sorted(key for key in allowed if key not in blocks(reference))
+    if missing:
+        raise ValueError(f'{name}: method blocks {missing} have no counterpart in {REFERENCE}.py')
+    lines = reference.splitlines(keepends=True)
     # Replace from the bottom up so that earlier line numbers stay valid
-    for key, (start, end, text) in sorted(blocks(source).items(), key=lambda kv: -kv[1][0]):
-        if key in reference_blocks and key not in allowed and text != reference_blocks[key][2]:
-            lines[start - 1:end] = [reference_blocks[key][2]]
+    for key, (start, end, _) in sorted(blocks(reference).items(), key=lambda kv: -kv[1][0]):
+        if key in allowed:
+            lines[start - 1:end] = [own_blocks[key][2]]
     with open(os.path.join(REPO, f'{name}.py'), 'w') as f:
         f.write(''.join(lines))
 

@@ -1,0 +1,84 @@
+"""Any 32x32 dataset, and reproducible runs."""
+import json
+import os
+
+import pytest
+import torch
+
+from conftest import write_image_folder
+from test_end_to_end import QUICK, run_script
+from test_errors import TINY, tiny_dataset
+
+
+def test_class_count_comes_from_the_data_and_sets_the_head(ab94, tmp_path):
+    root = write_image_folder(str(tmp_path / 'seven'), num_classes=7, train_per_class=4,
+                              test_per_class=2)
+    data = ab94.load_dataset('folder', root)
+    assert data['classes'] == [f'class_{i}' for i in range(7)]
+    result = ab94.train(0, data, {**ab94.hyp, 'opt': {**ab94.hyp['opt'], 'batch_size': 7,
+                                                       'train_epochs': 1}},
+                        torch.device('cpu'), 'fp32', seed=0, epoch_eval=False, log=lambda *a: None)
+    assert result['net'][-2].out_features == 7
+
+
+def test_normalization_constants_for_cifar10_and_computed_otherwise(ab94, image_folder):
+    as_cifar10 = ab94.load_dataset('cifar10', image_folder)
+    assert as_cifar10['mean'] == ab94.CIFAR10_MEAN and as_cifar10['std'] == ab94.CIFAR10_STD
+    as_folder = ab94.load_dataset('folder', image_folder)  # the cache is rebuilt: another dataset
+    pixels = as_folder['train']['images'].double().div(255).reshape(-1, 3)
+    assert as_folder['mean'] == pytest.approx(tuple(pixels.mean(0).tolist()))
+    assert as_folder['std'] == pytest.approx(tuple(pixels.std(0).tolist()))
+    assert as_folder['mean'] != pytest.approx(ab94.CIFAR10_MEAN, abs=1e-3)
+    cached = torch.load(os.path.join(image_folder, 'airbench_cache.pt'), weights_only=True)
+    assert cached['mean'] == as_folder['mean']  # the statistics are cached with the data
+
+
+def test_cinic10_valid_split_joins_training(ab94, tmp_path):
+    root = str(tmp_path / 'cinic')
+    write_image_folder(root, num_classes=3, train_per_class=4, test_per_class=2)
+    write_image_folder(os.path.join(tmp_path, 'other'), num_classes=3, train_per_class=5,
+                       test_per_class=1, seed=1)
+    os.rename(os.path.join(tmp_path, 'other', 'train'), os.path.join(root, 'valid'))
+    train_only = ab94.load_dataset('folder', root)
+    with_valid = ab94.load_dataset('folder', root, train_splits=('train', 'valid'))
+    assert len(train_only['train']['labels']) == 12
+    assert len(with_valid['train']['labels']) == 12 + 15
+    assert torch.equal(with_valid['train']['images'][:12], train_only['train']['images'])
+
+
+def test_torchvision_datasets_use_training_set_statistics(ab94, tmp_path, monkeypatch):
+    def fake_read(name, data_dir, download):
+        data = tiny_dataset(num_classes=10)
+        return {'train': data['train'], 'test': data['test'], 'classes': data['classes']}
+    monkeypatch.setattr(ab94, 'read_torchvision_dataset', fake_read)
+    for name in ('cifar100', 'svhn'):
+        data = ab94.load_dataset(name, str(tmp_path / name))
+        assert data['mean'] == pytest.approx(ab94.channel_stats(data['train']['images'])[0])
+        assert os.path.exists(tmp_path / name / 'airbench_cache.pt')
+
+
+def test_svhn_turns_flipping_off_unless_asked(ab94, tmp_path, monkeypatch):
+    monkeypatch.setattr(ab94, 'load_dataset', lambda *a, **k: tiny_dataset())
+    flips = {}
+    for flags in ([], ['--flip', 'random']):
+        log_dir = tmp_path / str(len(flips))
+        assert ab94.main(['--dataset', 'svhn', '--runs', '1', '--log-dir', str(log_dir), *TINY,
+                          *flags]) == 0
+        (run_dir,) = list(log_dir.iterdir())
+        flips[tuple(flags)] = json.loads((run_dir / 'summary.json').read_text())['hyp']['aug']['flip']
+    assert flips == {(): 'none', ('--flip', 'random'): 'random'}
+
+
+def test_same_seed_same_results_different_seed_different(image_folder, tmp_path):
+    outcomes = []
+    for seed in ('11', '11', '12'):
+        log_dir = tmp_path / f'logs{len(outcomes)}'
+        result = run_script('airbench94', '--data-dir', image_folder, '--runs', '2', '--seed', seed,
+                            '--log-dir', str(log_dir), *QUICK)
+        assert result.returncode == 0, result.stderr
+        (run_dir,) = list(log_dir.iterdir())
+        runs = json.loads((run_dir / 'summary.json').read_text())['runs']
+        outcomes.append([(r['seed'], r['tta_val_acc'], r['epoch_train_losses']) for r in runs])
+    assert outcomes[0] == outcomes[1]  # bitwise: the same floats, not merely close
+    assert outcomes[0][0][2] != outcomes[0][1][2]  # the two runs of a study differ (seeds 11, 12)
+    assert outcomes[2][0] == outcomes[0][1]  # a study from seed 12 starts where seed 11's second run did
