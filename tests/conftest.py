@@ -50,3 +50,20 @@ def write_image_folder(root, num_classes=4, train_per_class=96, test_per_class=3
 @pytest.fixture
 def image_folder(tmp_path):
     return write_image_folder(str(tmp_path / 'data'))
+
+
+def tiny_dataset(num_classes=2, per_class=32):
+    """An in-memory dataset (the same images for train and test) that a network separates at once:
+    class c has pixel values 200c + noise."""
+    generator = torch.Generator().manual_seed(0)
+    labels = torch.arange(num_classes).repeat_interleave(per_class)
+    images = (labels.view(-1, 1, 1, 1) * 200 + torch.randint(0, 50, (len(labels), 32, 32, 3),
+                                                           generator=generator)).to(torch.uint8)
+    split = {'images': images, 'labels': labels}
+    return {'train': split, 'test': split, 'classes': [str(c) for c in range(num_classes)],
+            'mean': (0.5,) * 3, 'std': (0.25,) * 3}
+
+
+# Flags for the quickest complete run: one epoch of batches of 32, no warmup, no TTA
+TINY = ['--hyp', 'opt.batch_size=32', '--epochs', '1', '--no-warmup', '--no-epoch-eval',
+        '--tta-level', '0', '--device', 'cpu']

@@ -5,9 +5,8 @@ import os
 import pytest
 import torch
 
-from conftest import write_image_folder
+from conftest import TINY, tiny_dataset, write_image_folder
 from test_end_to_end import QUICK, run_script
-from test_errors import TINY, tiny_dataset
 
 
 def test_class_count_comes_from_the_data_and_sets_the_head(ab94, tmp_path):
@@ -74,7 +73,7 @@ def test_same_seed_same_results_different_seed_different(image_folder, tmp_path)
     for seed in ('11', '11', '12'):
         log_dir = tmp_path / f'logs{len(outcomes)}'
         result = run_script('airbench94', '--data-dir', image_folder, '--runs', '2', '--seed', seed,
-                            '--log-dir', str(log_dir), *QUICK)
+                            '--log-dir', str(log_dir), *QUICK, '--epochs', '1')
         assert result.returncode == 0, result.stderr
         (run_dir,) = list(log_dir.iterdir())
         runs = json.loads((run_dir / 'summary.json').read_text())['runs']

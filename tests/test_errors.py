@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from conftest import REPO, write_image_folder
+from conftest import REPO, TINY, tiny_dataset, write_image_folder
 from test_end_to_end import QUICK, run_script
 
 
@@ -119,20 +119,6 @@ def test_diverging_loss_stops_with_a_message(image_folder, tmp_path):
     (run_dir,) = list((tmp_path / 'logs').iterdir())
     summary = json.loads((run_dir / 'summary.json').read_text())
     assert summary['status'] == 'diverged' and summary['runs_finished'] == 0
-
-
-def tiny_dataset(num_classes=2, per_class=32):
-    generator = torch.Generator().manual_seed(0)
-    labels = torch.arange(num_classes).repeat_interleave(per_class)
-    images = (labels.view(-1, 1, 1, 1) * 200 + torch.randint(0, 50, (len(labels), 32, 32, 3),
-                                                           generator=generator)).to(torch.uint8)
-    split = {'images': images, 'labels': labels}
-    return {'train': split, 'test': split, 'classes': [str(c) for c in range(num_classes)],
-            'mean': (0.5,) * 3, 'std': (0.25,) * 3}
-
-
-TINY = ['--hyp', 'opt.batch_size=32', '--epochs', '1', '--no-warmup', '--no-epoch-eval',
-        '--tta-level', '0', '--device', 'cpu']
 
 
 def test_divergence_in_a_later_run_keeps_the_earlier_runs(ab94, tmp_path, monkeypatch):

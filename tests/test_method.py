@@ -388,3 +388,20 @@ def test_shared_block_check_detects_a_drifted_copy(tmp_path, monkeypatch):
     assert shared.differences('airbench95') == ["airbench95: block 'lookahead_decay' differs from airbench94.py"]
     shared.sync('airbench95')
     assert shared.differences('airbench95') == []
+
+
+def test_a_reused_network_trains_exactly_like_a_fresh_one(script):
+    """What the compiled script relies on: reinitializing a trained network (whose whitening bias
+    ended frozen) and training it again gives the same run as a freshly built network."""
+    from conftest import tiny_dataset
+    data = tiny_dataset()
+    hyp = {**script.hyp, 'opt': {**script.hyp['opt'], 'batch_size': 32, 'train_epochs': 4},
+           'net': {**script.hyp['net'], 'tta_level': 0}}
+    quiet = dict(epoch_eval=False, log=lambda *a: None)
+    fresh = script.train(0, data, hyp, torch.device('cpu'), 'fp32', seed=3, **quiet)
+    assert not fresh['net'][0].bias.requires_grad  # frozen after 3 epochs
+    again = script.train(0, data, hyp, torch.device('cpu'), 'fp32', seed=3, net=fresh['net'], **quiet)
+    assert again['epoch_train_losses'] == fresh['epoch_train_losses']
+    assert again['tta_val_acc'] == fresh['tta_val_acc']
+    other = script.train(0, data, hyp, torch.device('cpu'), 'fp32', seed=4, **quiet)
+    assert other['epoch_train_losses'] != fresh['epoch_train_losses']
