@@ -78,6 +78,7 @@ CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 TORCHVISION_DATASETS = ('cifar10', 'cifar100', 'svhn')
 IMAGE_EXTENSIONS = ('.png', '.jpg', '.jpeg', '.bmp', '.webp')
 CACHE_FORMAT_VERSION = 2
+EVAL_BATCH_SIZE = 2000  # test images per forward pass in evaluation
 
 
 class DataError(Exception):
@@ -484,7 +485,7 @@ def lookahead_decay(step, total_steps):
 #           Evaluation and TTA              #
 #############################################
 
-def infer(net, images, tta_level, autocast, batch_size=2000):
+def infer(net, images, tta_level, autocast, batch_size=EVAL_BATCH_SIZE):
     """Logits (fp32) for normalized images. TTA level 0: the image; 1: the mean of the image and
     its mirror; 2: the image and its mirror weigh 1/4 each, and the image translated one pixel
     diagonally each way (reflect padding) and those two mirrored weigh 1/8 each."""
@@ -564,7 +565,7 @@ def train(run, data, hyp, device, precision, seed, epoch_eval=True, log=print, n
 
     train_loader = CifarLoader(data['train']['images'], data['train']['labels'], batch_size,
                                data['mean'], data['std'], aug=aug, train=True, dtype=dtype)
-    test_loader = CifarLoader(data['test']['images'], data['test']['labels'], 2000,
+    test_loader = CifarLoader(data['test']['images'], data['test']['labels'], EVAL_BATCH_SIZE,
                               data['mean'], data['std'], train=False, dtype=dtype)
     test_images, test_labels = test_loader.normalize(test_loader.images), test_loader.labels
     if len(train_loader) == 0:
@@ -829,13 +830,17 @@ def resolve_precision(name, device):
     return 'bf16' if native_bf16 else 'fp32'
 
 
-def dummy_dataset(num_classes, batch_size, device):
-    """Random images and labels: two training batches and one test batch, for the warmup run."""
+def dummy_dataset(num_classes, batch_size, num_test, device):
+    """Random images and labels for the warmup run: two training batches, and test images that
+    make evaluation batches of the same sizes as the real test set's (full batches, then the
+    remainder)."""
     def split(n):
         return {'images': torch.randint(0, 256, (n, 32, 32, 3), dtype=torch.uint8, device=device),
                 'labels': torch.randint(0, num_classes, (n,), device=device)}
-    return {'train': split(2 * batch_size), 'test': split(2000), 'classes': list(range(num_classes)),
-            'mean': CIFAR10_MEAN, 'std': CIFAR10_STD}
+    full_batches = EVAL_BATCH_SIZE if num_test >= EVAL_BATCH_SIZE else 0
+    test_size = full_batches + num_test % EVAL_BATCH_SIZE
+    return {'train': split(2 * batch_size), 'test': split(test_size),
+            'classes': list(range(num_classes)), 'mean': CIFAR10_MEAN, 'std': CIFAR10_STD}
 
 
 def main(argv=None):
@@ -884,7 +889,8 @@ def main(argv=None):
     try:
         print(format_row())
         if args.warmup:  # on dummy data, untimed: first-call costs (allocation, kernel selection)
-            warmup_data = dummy_dataset(len(data['classes']), run_hyp['opt']['batch_size'], device)
+            warmup_data = dummy_dataset(len(data['classes']), run_hyp['opt']['batch_size'],
+                                        config['num_test'], device)
             train('warmup', warmup_data, run_hyp, device, precision, seed=base_seed, epoch_eval=False)
         for run in range(args.runs):
             result = train(run, data, run_hyp, device, precision, seed=base_seed + run,

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPTS = ['airbench94', 'airbench95', 'airbench96']
+SCRIPTS = ['airbench94', 'airbench94_compiled', 'airbench95', 'airbench96']
 
 
 def load_script(name):

@@ -8,7 +8,7 @@ from torch import nn
 
 # Parameter counts of the built networks (all parameters, including the frozen whitening weights and
 # BatchNorm scales). The paper states 1.97 M for airbench94.
-PARAMETER_COUNTS = {'airbench94': 1_972_792, 'airbench95': 4_606_520, 'airbench96': 12_721_208}
+PARAMETER_COUNTS = {'airbench94': 1_972_792, 'airbench94_compiled': 1_972_792, 'airbench95': 4_606_520, 'airbench96': 12_721_208}
 FEATURE_MAP_SIZES = [31, 15, 7, 3]
 
 
@@ -331,6 +331,7 @@ def test_hyperparameters_match_the_spec(script):
     assert arch['whiten_eps'] == 5e-4 and arch['tta_level'] == 2
     assert aug['flip'] == 'alternating'
     expected = {'airbench94': (9.9, 11.5, {'block1': 64, 'block2': 256, 'block3': 256}, 2, 0),
+                'airbench94_compiled': (9.9, 11.5, {'block1': 64, 'block2': 256, 'block3': 256}, 2, 0),
                 'airbench95': (15, 10.0, {'block1': 128, 'block2': 384, 'block3': 384}, 2, 0),
                 'airbench96': (40, 9.0, {'block1': 128, 'block2': 512, 'block3': 512}, 4, 12)}
     epochs, lr, widths, translate, cutout = expected[script.__name__]

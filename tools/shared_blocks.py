@@ -17,6 +17,7 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REFERENCE = 'airbench94'
 METHOD_DIFFERENCES = {
+    'airbench94_compiled': {'__doc__', 'compiled_graph_count', 'compile_net', 'main'},
     'airbench95': {'__doc__', 'hyp'},
     'airbench96': {'__doc__', 'hyp', 'ConvGroup'},
 }
@@ -72,17 +73,22 @@ def differences(name):
 
 
 def sync(name):
-    """Rewrite script `name` as airbench94.py with that script's own method blocks put back."""
+    """Rewrite script `name` as airbench94.py with that script's own method blocks put back (a
+    method block that airbench94.py lacks goes after the shared block it follows)."""
     reference, own_blocks = read(REFERENCE), blocks(read(name))
+    reference_blocks = blocks(reference)
     allowed = METHOD_DIFFERENCES.get(name, {'__doc__'})
-    missing = sorted(key for key in allowed if key not in blocks(reference))
-    if missing:
-        raise ValueError(f'{name}: method blocks {missing} have no counterpart in {REFERENCE}.py')
+    extras, anchor = {}, None  # method blocks of this script alone, by the shared block before them
+    for key, (_, _, text) in own_blocks.items():
+        if key in reference_blocks:
+            anchor = key
+        elif key in allowed:
+            extras.setdefault(anchor, []).append(text)
     lines = reference.splitlines(keepends=True)
     # Replace from the bottom up so that earlier line numbers stay valid
-    for key, (start, end, _) in sorted(blocks(reference).items(), key=lambda kv: -kv[1][0]):
-        if key in allowed:
-            lines[start - 1:end] = [own_blocks[key][2]]
+    for key, (start, end, _) in sorted(reference_blocks.items(), key=lambda kv: -kv[1][0]):
+        text = own_blocks[key][2] if key in allowed else ''.join(lines[start - 1:end])
+        lines[start - 1:end] = [text + ''.join('\n\n' + extra for extra in extras.get(key, []))]
     with open(os.path.join(REPO, f'{name}.py'), 'w') as f:
         f.write(''.join(lines))
 
