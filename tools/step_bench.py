@@ -1,0 +1,118 @@
+"""Time one training step (forward, summed label-smoothed loss, backward, SGD step) of a script's
+network at the paper's batch size, eager and compiled, and optionally profile it.
+
+A benchmark, not a test: it prints seconds per step (median of --steps after --warmup steps) and,
+with --profile, the operators that take the time. Random inputs of the real shape; the whitening
+bias trainable (the first 3 epochs) or frozen (--frozen-bias, the rest).
+
+Usage: python tools/step_bench.py [--script airbench94] [--mode eager|compiled|both]
+                                  [--steps 5] [--profile] [--batch-size 1024]
+"""
+import argparse
+import importlib
+import os
+import resource
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn as nn
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def build(module, device, precision, batch_size):
+    hyp = module.hyp
+    arch, opt = hyp['net'], hyp['opt']
+    net = module.to_device_precision(module.make_net(arch['widths'], 10, arch['batchnorm_momentum'],
+                                                     arch['scaling_factor']), device, precision)
+    torch.manual_seed(0)
+    module.reinitialize(net)
+    optimizer = torch.optim.SGD(module.decoupled_sgd_groups(net, opt['lr'], opt['weight_decay'],
+                                                            opt['momentum'], batch_size,
+                                                            opt['bias_scaler']),
+                                momentum=opt['momentum'], nesterov=True)
+    loss_fn = nn.CrossEntropyLoss(label_smoothing=opt['label_smoothing'], reduction='sum')
+    inputs = torch.randn(batch_size, 3, 32, 32, device=device, dtype=module.input_dtype(precision))
+    inputs = inputs.contiguous(memory_format=torch.channels_last)
+    labels = torch.randint(0, 10, (batch_size,), device=device)
+    return net, optimizer, loss_fn, inputs, labels
+
+
+def peak_resident_gib():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KiB
+
+
+def time_steps(module, net, optimizer, loss_fn, inputs, labels, autocast, device, warmup, steps):
+    def step():
+        with autocast:
+            outputs = net(inputs)
+        loss = loss_fn(outputs.float(), labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    for _ in range(warmup):
+        step()
+    seconds = []
+    for _ in range(steps):
+        module.synchronize(device)
+        start = time.perf_counter()
+        step()
+        module.synchronize(device)
+        seconds.append(time.perf_counter() - start)
+    return seconds, step
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser.add_argument('--script', default='airbench94')
+    parser.add_argument('--mode', choices=['eager', 'compiled', 'both'], default='both')
+    parser.add_argument('--device', default='cpu')
+    parser.add_argument('--precision', default='auto')
+    parser.add_argument('--batch-size', type=int, default=1024)
+    parser.add_argument('--warmup', type=int, default=2)
+    parser.add_argument('--steps', type=int, default=5)
+    parser.add_argument('--frozen-bias', action='store_true')
+    parser.add_argument('--profile', action='store_true')
+    parser.add_argument('--glibc-malloc-defaults', action='store_true',
+                        help='skip keep_freed_memory_in_process (as the scripts do not on CUDA)')
+    args = parser.parse_args()
+
+    module = importlib.import_module(args.script)
+    device = torch.device(args.device)
+    if device.type == 'cpu' and not args.glibc_malloc_defaults:
+        module.keep_freed_memory_in_process()
+    precision = module.resolve_precision(args.precision, device)
+    autocast = module.autocast_context(device, precision)
+    modes = ['eager', 'compiled'] if args.mode == 'both' else [args.mode]
+    print(f'{args.script}: batch {args.batch_size}, {device}, precision {precision}, '
+          f'threads {torch.get_num_threads()}, '
+          f'glibc malloc {"defaults" if args.glibc_malloc_defaults else "keeping freed memory"}, '
+          f'whitening bias '
+          f'{"frozen" if args.frozen_bias else "trainable"}')
+    for mode in modes:
+        net, optimizer, loss_fn, inputs, labels = build(module, device, precision, args.batch_size)
+        net[0].bias.requires_grad = not args.frozen_bias
+        if mode == 'compiled':
+            compile_start = time.perf_counter()
+            compile_net = getattr(module, 'compile_net', None)
+            if compile_net is None:
+                net.compile()
+            else:
+                compile_net(net, device)
+        seconds, step = time_steps(module, net, optimizer, loss_fn, inputs, labels, autocast,
+                                   device, args.warmup, args.steps)
+        print(f'{mode:9s} median {statistics.median(seconds):.3f} s/step  '
+              f'min {min(seconds):.3f}  max {max(seconds):.3f}  (n {len(seconds)})  '
+              f'peak resident memory {peak_resident_gib():.2f} GiB')
+        if args.profile:
+            from torch.profiler import ProfilerActivity, profile
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                step()
+            print(prof.key_averages().table(sort_by='self_cpu_time_total', row_limit=25))
+
+
+if __name__ == '__main__':
+    main()
