@@ -569,11 +569,16 @@ def synchronize(device):
         torch.cuda.synchronize(device)
 
 
-def train(run, data, hyp, device, precision, seed, epoch_eval=True, log=print, net=None):
+def train(run, data, hyp, device, precision, seed, epoch_eval=True, log=print, net=None,
+          checkpoint_path=None, resume=None):
     """One training run. data: uint8 images and int64 labels of both splits on the device, with
     the classes, mean and std (see load_dataset). net: a network from make_net, already on the
     device in the precision (and possibly compiled), to reinitialize and train in place; built
-    afresh when None. The seed alone determines the run. Returns a dict of this run's figures."""
+    afresh when None. The seed alone determines the run. Returns a dict of this run's figures.
+
+    checkpoint_path: after every epoch (untimed) the run's state is saved there. resume: such a
+    checkpoint (of this run and seed); training continues after its epoch exactly as if it had
+    never stopped, and its timed seconds carry on from the checkpoint's."""
     opt, aug, arch = hyp['opt'], hyp['aug'], hyp['net']
     batch_size, epochs = opt['batch_size'], opt['train_epochs']
     dtype, autocast = input_dtype(precision), autocast_context(device, precision)
@@ -604,16 +609,32 @@ def train(run, data, hyp, device, precision, seed, epoch_eval=True, log=print, n
     lr_multipliers = lr_schedule(total_steps).tolist()
     loss_fn = nn.CrossEntropyLoss(label_smoothing=opt['label_smoothing'], reduction='sum')
 
-    # Timed: whitening init from the first 5000 training images (the first touch of training data)
-    synchronize(device)
-    start_time = time.perf_counter()
-    init_whitening(net[0], train_loader.normalize(train_loader.images[:5000]), arch['whiten_eps'])
-    lookahead = LookaheadState(net)
-    synchronize(device)
-    total_time_seconds = time.perf_counter() - start_time
+    if resume is None:
+        # Timed: whitening init from the first 5000 training images (the first touch of training data)
+        synchronize(device)
+        start_time = time.perf_counter()
+        init_whitening(net[0], train_loader.normalize(train_loader.images[:5000]), arch['whiten_eps'])
+        lookahead = LookaheadState(net)
+        synchronize(device)
+        total_time_seconds = time.perf_counter() - start_time
+        first_epoch, step, epoch_train_losses = 0, 0, []
+    else:
+        # The first epoch fixes the flips and padding of all later ones; it draws them from the
+        # random state just after reinitialize(), so replaying it here rebuilds them exactly.
+        train_loader.augmented_epoch()
+        net.load_state_dict(resume['net'])
+        optimizer.load_state_dict(resume['optimizer'])
+        lookahead = LookaheadState(net)
+        lookahead.slow = {name: tensor.to(device) for name, tensor in resume['lookahead'].items()}
+        train_loader.epoch = resume['loader_epoch']
+        torch.set_rng_state(resume['rng_state'])
+        if device.type == 'cuda':
+            torch.cuda.set_rng_state(resume['cuda_rng_state'], device)
+        first_epoch, step = resume['epoch'] + 1, resume['step']
+        total_time_seconds, epoch_train_losses = resume['time_seconds'], resume['epoch_train_losses']
 
-    step, epoch_train_losses = 0, []
-    for epoch in range(ceil(epochs)):
+    val_acc = None
+    for epoch in range(first_epoch, ceil(epochs)):
         net[0].bias.requires_grad = epoch < opt['whiten_bias_epochs']
         synchronize(device)
         start_time = time.perf_counter()
@@ -645,9 +666,18 @@ def train(run, data, hyp, device, precision, seed, epoch_eval=True, log=print, n
                                    'the data; earlier runs are kept in the log.')
         train_acc = (outputs.detach().argmax(1) == labels).float().mean().item()
         val_acc = evaluate(net, test_images, test_labels, 0, autocast) if epoch_eval else None
-        log(format_row(dict(run=run, epoch=epoch, train_loss=train_loss, train_acc=train_acc,
-                            val_acc=val_acc, total_time_seconds=total_time_seconds)))
-        run = ''  # the run number is printed once
+        log(format_row(dict(run=run if epoch == first_epoch else '', epoch=epoch,  # run shown once
+                            train_loss=train_loss, train_acc=train_acc, val_acc=val_acc,
+                            total_time_seconds=total_time_seconds)))
+        if checkpoint_path is not None:
+            atomic_save(dict(run=run, seed=seed, epoch=epoch, step=step,
+                             time_seconds=total_time_seconds, epoch_train_losses=epoch_train_losses,
+                             net=net.state_dict(), optimizer=optimizer.state_dict(),
+                             lookahead=lookahead.slow, loader_epoch=train_loader.epoch,
+                             rng_state=torch.get_rng_state(),
+                             cuda_rng_state=(torch.cuda.get_rng_state(device)
+                                             if device.type == 'cuda' else None)),
+                        checkpoint_path)
 
     # Timed: test-time augmentation, up to the existence of test predictions
     synchronize(device)
@@ -656,10 +686,12 @@ def train(run, data, hyp, device, precision, seed, epoch_eval=True, log=print, n
     synchronize(device)
     total_time_seconds += time.perf_counter() - start_time
     tta_val_acc = (logits.argmax(1) == test_labels).float().mean().item()
-    log(format_row(dict(run=run, epoch='eval', tta_val_acc=tta_val_acc,
+    log(format_row(dict(run=run if first_epoch == ceil(epochs) else '', epoch='eval',
+                        tta_val_acc=tta_val_acc,
                         total_time_seconds=total_time_seconds)))
     return dict(tta_val_acc=tta_val_acc, val_acc=val_acc, time_seconds=total_time_seconds,
-                epoch_train_losses=epoch_train_losses, steps=step, seed=seed, net=net)
+                epoch_train_losses=epoch_train_losses, steps=step, seed=seed,
+                resumed_after_epoch=None if resume is None else resume['epoch'], net=net)
 
 #############################################
 #                  Logging                  #
@@ -722,6 +754,28 @@ def atomic_write_json(obj, path):
     finally:
         if os.path.exists(temporary):
             os.remove(temporary)
+
+
+def open_study(args, argv, code):
+    """Where a study's logs go, and what an interrupted one left: (args, log_dir, log). A new study
+    gets LOG_DIR/<uuid> and log None. With --resume DIR: DIR, its log.pt, and the flags it was
+    started with (parsed again), after checking that this is the same script it was run with."""
+    if args.resume is None:
+        log_dir = os.path.join(args.log_dir, str(uuid.uuid4()))
+        os.makedirs(log_dir, exist_ok=True)
+        return args, log_dir, None
+    log_dir, path = args.resume, os.path.join(args.resume, 'log.pt')
+    if not os.path.isfile(path):
+        raise ValueError(f'--resume {log_dir}: there is no log.pt in it. Give the directory the '
+                         'study printed at its start ("log ...") or end ("Log: ...").')
+    try:
+        log = torch.load(path, map_location='cpu', weights_only=False)
+    except Exception as error:
+        raise ValueError(f'--resume {log_dir}: its log.pt is unreadable ({error}).') from None
+    if log.get('code') != code or 'argv' not in log:
+        raise ValueError(f'--resume {log_dir}: that study was run by another version of this script; '
+                         "resume it with that version (log.pt keeps its source under 'code').")
+    return parse_args(log['argv']), log_dir, log
 
 
 def write_logs(log_dir, code, results, config, status):
@@ -805,6 +859,11 @@ def parse_args(argv):
                         help='evaluate (untimed) after every epoch for the table')
     parser.add_argument('--warmup', action=argparse.BooleanOptionalAction, default=True,
                         help='first run a short untimed training on dummy data')
+    parser.add_argument('--resume', metavar='STUDY_DIR', default=None,
+                        help='continue the interrupted study in STUDY_DIR (the "Log:" directory it '
+                             'printed) with its own flags: finished runs are kept and the unfinished '
+                             'one continues after its last finished epoch, as if never stopped; '
+                             'other flags are ignored')
     parser.add_argument('--deterministic', action='store_true',
                         help='CUDA: deterministic algorithms and no cudnn autotuning, so a seed '
                              'repeats a run bitwise, a little slower (the CPU is deterministic anyway)')
@@ -863,6 +922,19 @@ def keep_freed_memory_in_process():
     return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
 
 
+def load_checkpoint(path, run, seed):
+    """The checkpoint an interrupted run left at path, if it is of this run and seed (else None:
+    nothing to resume, or a leftover of a run whose results are already in the log)."""
+    if not os.path.isfile(path):
+        return None
+    try:
+        checkpoint = torch.load(path, map_location='cpu', weights_only=False)
+    except Exception as error:
+        print(f'The checkpoint {path} is unreadable ({error}); run {run} starts from its beginning.')
+        return None
+    return checkpoint if (checkpoint.get('run'), checkpoint.get('seed')) == (run, seed) else None
+
+
 def dummy_dataset(num_classes, batch_size, num_test, device):
     """Random images and labels for the warmup run: two training batches, and test images that
     make evaluation batches of the same sizes as the real test set's (full batches, then the
@@ -877,8 +949,12 @@ def dummy_dataset(num_classes, batch_size, num_test, device):
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
+    with open(os.path.abspath(__file__)) as f:
+        code = f.read()
     try:
+        args, log_dir, previous_log = open_study(args, argv, code)
         device = resolve_device(args.device)
         run_hyp = apply_hyp_overrides(hyp, args.hyp)
     except ValueError as error:
@@ -899,7 +975,12 @@ def main(argv=None):
     if args.deterministic:
         os.environ.setdefault('CUBLAS_WORKSPACE_CONFIG', ':4096:8')
         torch.use_deterministic_algorithms(True)
-    base_seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), 'little') >> 1
+    if previous_log is not None:
+        base_seed = previous_log['base_seed']
+    elif args.seed is not None:
+        base_seed = args.seed
+    else:
+        base_seed = int.from_bytes(os.urandom(4), 'little') >> 1
 
     try:
         data = load_dataset(args.dataset, args.data_dir, args.train_splits.split(','))
@@ -908,34 +989,43 @@ def main(argv=None):
     data = {**data, 'train': {k: v.to(device) for k, v in data['train'].items()},
             'test': {k: v.to(device) for k, v in data['test'].items()}}
 
-    with open(os.path.abspath(__file__)) as f:
-        code = f.read()
-    log_dir = os.path.join(args.log_dir, str(uuid.uuid4()))
-    os.makedirs(log_dir, exist_ok=True)
     config = dict(hyp=run_hyp, args=vars(args) | {'hyp': [f'{".".join(p)}={v!r}' for p, v in args.hyp]},
+                  argv=argv if previous_log is None else previous_log['argv'],
                   device=str(device), precision=precision, torch_version=torch.__version__,
                   script=os.path.basename(__file__), base_seed=base_seed,
                   num_train=len(data['train']['labels']), num_test=len(data['test']['labels']))
     print(f'device {device}, precision {precision}, torch {torch.__version__}, '
           f'{config["num_train"]} train / {config["num_test"]} test images, '
           f'{len(data["classes"])} classes, seed {base_seed}, log {log_dir}')
+    results = [] if previous_log is None else previous_log['runs']
+    checkpoint_path = os.path.join(log_dir, 'checkpoint.pt')
+    checkpoint = load_checkpoint(checkpoint_path, len(results), base_seed + len(results))
+    if previous_log is not None:
+        print(f'Resuming: {len(results)} of {args.runs} runs finished'
+              + (f"; run {checkpoint['run']} continues after epoch {checkpoint['epoch']}"
+                 if checkpoint else ''))
+    status = 'finished' if len(results) == args.runs else 'running'
+    write_logs(log_dir, code, results, config, status)  # a study killed in its first run can resume
 
-    results, status = [], 'running'
     try:
         print(format_row())
         if args.warmup:  # on dummy data, untimed: first-call costs (allocation, kernel selection)
             warmup_data = dummy_dataset(len(data['classes']), run_hyp['opt']['batch_size'],
                                         config['num_test'], device)
-            train('warmup', warmup_data, run_hyp, device, precision, seed=base_seed, epoch_eval=False)
-        for run in range(args.runs):
+            train('warmup', warmup_data, run_hyp, device, precision, seed=base_seed, epoch_eval=False,
+                  log=lambda line: None)  # silent: its rows are about dummy data
+        for run in range(len(results), args.runs):
             result = train(run, data, run_hyp, device, precision, seed=base_seed + run,
-                           epoch_eval=args.epoch_eval)
+                           epoch_eval=args.epoch_eval, checkpoint_path=checkpoint_path,
+                           resume=checkpoint if checkpoint and checkpoint['run'] == run else None)
             results.append({k: v for k, v in result.items() if k != 'net'})
             status = 'finished' if len(results) == args.runs else 'running'
             write_logs(log_dir, code, results, config, status)
+            os.remove(checkpoint_path)  # only after the run's results are in the log
     except KeyboardInterrupt:
         status = 'interrupted'
-        print(f'\nInterrupted: {len(results)} of {args.runs} runs finished and are in the log.')
+        print(f'\nInterrupted: {len(results)} of {args.runs} runs finished and are in the log; '
+              f'continue with --resume {log_dir}')
     except TrainingDiverged as error:
         status = 'diverged'
         print(f'\nerror: {error}')

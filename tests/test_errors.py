@@ -151,7 +151,8 @@ def test_ctrl_c_keeps_finished_runs_and_says_how_many(image_folder, tmp_path):
         dirs = list((tmp_path / 'logs').iterdir()) if (tmp_path / 'logs').exists() else []
         if dirs and (dirs[0] / 'summary.json').exists():
             summary_path = dirs[0] / 'summary.json'
-            break
+            if json.loads(summary_path.read_text())['runs_finished'] >= 1:
+                break
         time.sleep(0.5)
     assert summary_path is not None
     process.send_signal(signal.SIGINT)
@@ -160,6 +161,7 @@ def test_ctrl_c_keeps_finished_runs_and_says_how_many(image_folder, tmp_path):
     assert process.returncode == 130, stderr
     assert summary['status'] == 'interrupted' and 1 <= summary['runs_finished'] < 50
     assert f"Interrupted: {summary['runs_finished']} of 50 runs finished" in stdout
+    assert f'continue with --resume {summary_path.parent}' in stdout
     assert 'Traceback' not in stderr
     assert not [p for p in summary_path.parent.iterdir() if '.tmp' in p.name]  # no half-written file
 
