@@ -752,9 +752,7 @@ def open_study(args, argv, code):
     gets LOG_DIR/<uuid> and log None. With --resume DIR: DIR, its log.pt, and the flags it was
     started with (parsed again), after checking that this is the same script it was run with."""
     if args.resume is None:
-        log_dir = os.path.join(args.log_dir, str(uuid.uuid4()))
-        os.makedirs(log_dir, exist_ok=True)
-        return args, log_dir, None
+        return args, os.path.join(args.log_dir, str(uuid.uuid4())), None
     log_dir, path = args.resume, os.path.join(args.resume, 'log.pt')
     if not os.path.isfile(path):
         raise ValueError(f'--resume {log_dir}: there is no log.pt in it. Give the directory the '
@@ -772,6 +770,7 @@ def open_study(args, argv, code):
 def write_logs(log_dir, code, results, config, status):
     """log.pt (source code, per-run figures, configuration) and summary.json, both rewritten after
     every run so that an interrupted study keeps its finished runs."""
+    os.makedirs(log_dir, exist_ok=True)  # first made here, so a study stopped by bad input leaves none
     accs = [r['tta_val_acc'] for r in results]
     times = [r['time_seconds'] for r in results]
     log = dict(code=code, accs=torch.tensor(accs), times=torch.tensor(times), runs=results,
@@ -814,9 +813,16 @@ def apply_hyp_overrides(hyp, overrides):
     return hyp
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each flag's default, except where it is None: those flags say in their help what
+    not giving them means."""
+    def _get_help_string(self, action):
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=HelpFormatter)
     parser.add_argument('--runs', type=int, default=25, help='timed training runs')
     parser.add_argument('--dataset', default='cifar10', choices=[*TORCHVISION_DATASETS, 'folder'],
                         help="cifar10, cifar100 and svhn come through torchvision (downloaded when "
@@ -824,7 +830,7 @@ def parse_args(argv):
     parser.add_argument('--data-dir', default=None,
                         help='dataset directory: tensor cache, image-folder layout '
                              '(train/<class>/*, test/<class>/*) or torchvision layout '
-                             '(default: data/<dataset>)')
+                             '(default: data/DATASET)')
     parser.add_argument('--train-splits', default='train',
                         help="image-folder subdirectories to train on, comma-separated (CINIC-10: "
                              "'train,valid')")

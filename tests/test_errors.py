@@ -96,10 +96,18 @@ def test_stale_cache_is_rebuilt_when_the_folder_changes(ab94, image_folder):
 ])
 def test_nonsensical_flags(flags, message, tmp_path):
     args = flags if '--dataset' in flags else ['--data-dir', str(tmp_path), *flags]
-    result = run_script('airbench94', *args, timeout=120)
+    result = run_script('airbench94', *args, '--log-dir', str(tmp_path / 'logs'), timeout=120)
     assert result.returncode != 0
     assert message in result.stderr
     assert 'Traceback' not in result.stderr
+    assert not (tmp_path / 'logs').exists()  # a study refused at the start leaves no empty log
+
+
+def test_nothing_logged_without_data(tmp_path):
+    result = run_script('airbench94', '--data-dir', str(tmp_path / 'absent'),
+                        '--log-dir', str(tmp_path / 'logs'), timeout=120)
+    assert result.returncode != 0 and 'Traceback' not in result.stderr
+    assert not (tmp_path / 'logs').exists()
 
 
 def test_cuda_requested_but_absent(tmp_path):
