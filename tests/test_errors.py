@@ -152,7 +152,13 @@ def test_divergence_in_a_later_run_keeps_the_earlier_runs(ab94, tmp_path, monkey
 def test_ctrl_c_keeps_finished_runs_and_says_how_many(image_folder, tmp_path):
     args = [sys.executable, os.path.join(REPO, 'airbench94.py'), '--data-dir', image_folder,
             '--runs', '50', '--seed', '0', '--log-dir', str(tmp_path / 'logs'), *QUICK]
-    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # A shell starting pytest as a background job without job control (`pytest &` in a script,
+    # nohup, CI runners) sets SIGINT to "ignore", and exec'd children inherit that, so Python
+    # would never see this test's Ctrl-C (seen here: a full-suite run launched with `&`, where the
+    # study trained on for 300 s after SIGINT). A terminal's Ctrl-C reaches a foreground process
+    # with the default disposition; give the child that.
+    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 600
     summary_path = None
     while time.time() < deadline:  # wait until the first run is in the log
@@ -164,15 +170,11 @@ def test_ctrl_c_keeps_finished_runs_and_says_how_many(image_folder, tmp_path):
         time.sleep(0.5)
     assert summary_path is not None
     process.send_signal(signal.SIGINT)
-    try:
-        stdout, stderr = process.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        # Once, in a full-suite run on a 2-core machine here, the first SIGINT was not acted on
-        # (training went on for 300 s, nothing on stderr; 9 reruns stopped at once; cause not yet
-        # found, tracked in the issue notes).
-        # A user presses Ctrl-C again; what must hold is that the study then stops as below.
-        process.send_signal(signal.SIGINT)
+    try:  # the study stops within one training step; 300 s leaves room for a loaded machine
         stdout, stderr = process.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        raise AssertionError('the study did not stop within 300 s of Ctrl-C') from None
     summary = json.loads(summary_path.read_text())
     assert process.returncode == 130, stderr
     assert summary['status'] == 'interrupted' and 1 <= summary['runs_finished'] < 50
