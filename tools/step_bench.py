@@ -5,10 +5,17 @@ A benchmark, not a test: it prints seconds per step (median of --steps after --w
 with --profile, the operators that take the time. Random inputs of the real shape; the whitening
 bias trainable (the first 3 epochs) or frozen (--frozen-bias, the rest).
 
-Usage: python tools/step_bench.py [--script airbench94] [--mode eager|compiled|both]
+Modes: eager; compiled (as the script compiles it); and, to test what inductor does best on the CPU,
+compiled with some operators left to ATen inside the graph (their inductor decompositions removed):
+compiled-aten-bn (BatchNorm forward and backward), compiled-aten-bn-maxpool (and max-pool backward).
+Several modes are timed round robin, one step of each in turn, so that the host's drift (single
+steps vary by 10% here) falls on all of them alike.
+
+Usage: python tools/step_bench.py [--script airbench94] [--mode eager,compiled,...]
                                   [--steps 5] [--profile] [--batch-size 1024]
 """
 import argparse
+import functools
 import importlib
 import os
 import resource
@@ -40,11 +47,36 @@ def build(module, device, precision, batch_size):
     return net, optimizer, loss_fn, inputs, labels
 
 
+ATEN_INSIDE_GRAPH = {
+    'compiled-aten-bn': ['_native_batch_norm_legit_functional', 'native_batch_norm_backward'],
+    'compiled-aten-bn-maxpool': ['_native_batch_norm_legit_functional', 'native_batch_norm_backward',
+                                 'max_pool2d_with_indices_backward'],
+}
+MODES = ['eager', 'compiled', *ATEN_INSIDE_GRAPH]
+
+
+def compile_for_mode(module, net, device, mode):
+    """Compile net in place as `mode` says: as the script does, or with inductor's decompositions
+    of some ATen operators removed, so that inductor calls the ATen kernels for them."""
+    if mode == 'compiled':
+        compile_net = getattr(module, 'compile_net', None)
+        if compile_net is None:
+            net.compile()
+        else:
+            compile_net(net, device)
+        return
+    from torch._inductor.compile_fx import compile_fx
+    from torch._inductor.decomposition import select_decomp_table
+    kept_in_aten = {getattr(torch.ops.aten, name).default for name in ATEN_INSIDE_GRAPH[mode]}
+    table = {op: fn for op, fn in select_decomp_table().items() if op not in kept_in_aten}
+    net.compile(backend=functools.partial(compile_fx, decompositions=table))
+
+
 def peak_resident_gib():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KiB
 
 
-def time_steps(module, net, optimizer, loss_fn, inputs, labels, autocast, device, warmup, steps):
+def make_step(net, optimizer, loss_fn, inputs, labels, autocast):
     def step():
         with autocast:
             outputs = net(inputs)
@@ -52,23 +84,32 @@ def time_steps(module, net, optimizer, loss_fn, inputs, labels, autocast, device
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
+    return step
 
-    for _ in range(warmup):
-        step()
-    seconds = []
+
+def time_round_robin(module, steps_by_mode, device, warmup, steps):
+    """Seconds per step for each mode: `warmup` untimed steps each (compilation happens there),
+    then `steps` rounds of one timed step per mode."""
+    for step in steps_by_mode.values():
+        for _ in range(warmup):
+            step()
+    seconds = {mode: [] for mode in steps_by_mode}
     for _ in range(steps):
-        module.synchronize(device)
-        start = time.perf_counter()
-        step()
-        module.synchronize(device)
-        seconds.append(time.perf_counter() - start)
-    return seconds, step
+        for mode, step in steps_by_mode.items():
+            module.synchronize(device)
+            start = time.perf_counter()
+            step()
+            module.synchronize(device)
+            seconds[mode].append(time.perf_counter() - start)
+    return seconds
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument('--script', default='airbench94')
-    parser.add_argument('--mode', choices=['eager', 'compiled', 'both'], default='both')
+    parser.add_argument('--mode', default='eager,compiled',
+                        help=f'comma-separated, timed round robin; of {", ".join(MODES)} '
+                             '(both = eager,compiled)')
     parser.add_argument('--device', default='cpu')
     parser.add_argument('--precision', default='auto')
     parser.add_argument('--batch-size', type=int, default=1024)
@@ -86,33 +127,35 @@ def main():
         module.keep_freed_memory_in_process()
     precision = module.resolve_precision(args.precision, device)
     autocast = module.autocast_context(device, precision)
-    modes = ['eager', 'compiled'] if args.mode == 'both' else [args.mode]
+    modes = ['eager', 'compiled'] if args.mode == 'both' else args.mode.split(',')
+    unknown = [mode for mode in modes if mode not in MODES]
+    if unknown:
+        parser.error(f'unknown --mode {",".join(unknown)}: choose from {", ".join(MODES)}')
     print(f'{args.script}: batch {args.batch_size}, {device}, precision {precision}, '
           f'threads {torch.get_num_threads()}, '
           f'glibc malloc {"defaults" if args.glibc_malloc_defaults else "keeping freed memory"}, '
           f'whitening bias '
           f'{"frozen" if args.frozen_bias else "trainable"}')
+    steps_by_mode = {}
     for mode in modes:
         net, optimizer, loss_fn, inputs, labels = build(module, device, precision, args.batch_size)
         net[0].bias.requires_grad = not args.frozen_bias
-        if mode == 'compiled':
-            compile_start = time.perf_counter()
-            compile_net = getattr(module, 'compile_net', None)
-            if compile_net is None:
-                net.compile()
-            else:
-                compile_net(net, device)
-        seconds, step = time_steps(module, net, optimizer, loss_fn, inputs, labels, autocast,
-                                   device, args.warmup, args.steps)
-        print(f'{mode:9s} median {statistics.median(seconds):.3f} s/step  '
-              f'min {min(seconds):.3f}  max {max(seconds):.3f}  (n {len(seconds)})  '
-              f'peak resident memory {peak_resident_gib():.2f} GiB')
-        if args.profile:
-            from torch.profiler import ProfilerActivity, profile
+        if mode != 'eager':
+            compile_for_mode(module, net, device, mode)
+        steps_by_mode[mode] = make_step(net, optimizer, loss_fn, inputs, labels, autocast)
+    seconds = time_round_robin(module, steps_by_mode, device, args.warmup, args.steps)
+    for mode in modes:
+        print(f'{mode:24s} median {statistics.median(seconds[mode]):.3f} s/step  '
+              f'min {min(seconds[mode]):.3f}  max {max(seconds[mode]):.3f}  '
+              f'(n {len(seconds[mode])})')
+    print(f'peak resident memory {peak_resident_gib():.2f} GiB')
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+        for mode, step in steps_by_mode.items():
             with profile(activities=[ProfilerActivity.CPU]) as prof:
                 step()
+            print(f'{mode}:')
             print(prof.key_averages().table(sort_by='self_cpu_time_total', row_limit=25))
-
 
 if __name__ == '__main__':
     main()
