@@ -1,49 +1,30 @@
 """
 airbench95.py: train a wider convnet on CIFAR-10 to 95% mean test accuracy, as fast as possible.
 
-Method: K. Jordan, "94% on CIFAR-10 in 3.29 Seconds on a Single GPU" (the airbench paper), section
-"95% and 96% targets". The network has 4,606,520 parameters; training costs 1.4 PFLOPs (paper).
+Method: the airbench paper, section "95% and 96% targets": airbench94 widened and trained longer.
+The network has 4,606,520 parameters; training costs 1.4 PFLOPs (paper; this code counts 1.34).
 
 Changes relative to airbench94.py (everything else is identical, block for block):
 - 15 epochs instead of 9.9;
 - block widths 128/384/384 instead of 64/256/256;
 - learning rate 10.0 per 1024 examples instead of 11.5 (the paper's "factor of 0.87").
 
-Hardware and evidence:
-- NVIDIA A100 (the paper): 95.01% mean TTA accuracy, 10.4 s per run.
-- 2-core AMD EPYC CPU, fp32, CIFAR-10 re-encoded as JPEG (quality 75): see README.md's results
-  table for the runs made with this script, their mean, n and the command that reproduces them.
+Evidence: NVIDIA A100 (the paper): 95.01% mean TTA accuracy, 10.4 s per run. CPUs, CIFAR-10
+re-encoded as JPEG: README.md's results table (n, host, command). Timed as in the paper: from the
+first touch of training data (whitening init) to the test predictions (after TTA).
 
-Timing counts what the paper counts: from the first touch of training data (whitening init) to the
-existence of test predictions (after TTA). Per-epoch evaluation, printing and a warmup run on dummy
-data are not timed.
-
-Run:  python airbench95.py --runs 10 --data-dir data/cifar10      (python airbench95.py --help)
-Importing this file defines things and does nothing else.
+Run: python airbench95.py --runs 10 --data-dir data/cifar10 (see --help). Importing it only defines
+things: the method, then below the banner "Running the script" what runs it (alike in all scripts).
 """
-
-#############################################
-#              Hyperparameters              #
-#############################################
-
-import argparse
-import ast
-import copy
-import ctypes
-import json
-import math
-import os
-import sys
 import time
-import uuid
 from math import ceil
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-# The lr and weight decay are "decoupled" (see decoupled_sgd_groups): each is per 1024 examples
-# and independent of the batch size and momentum, so each can be tuned without retuning the others.
+# ---------------------------------------- Hyperparameters -----------------------------------------
+# lr and weight decay are "decoupled" (see decoupled_sgd_groups), so each can be tuned alone.
 hyp = {
     'opt': {
         'train_epochs': 15,         # epochs; a fractional last epoch stops mid-epoch
@@ -52,12 +33,12 @@ hyp = {
         'momentum': 0.85,           # Nesterov momentum
         'weight_decay': 0.0153,     # weight decay per 1024 examples, independent of the lr
         'bias_scaler': 64.0,        # BatchNorm biases get this times the lr (same decay strength)
-        'label_smoothing': 0.2,
+        'label_smoothing': 0.2,     # of the cross-entropy, which is summed over the batch
         'whiten_bias_epochs': 3,    # epochs for which the whitening layer's bias is trained
         'lookahead_every': 5,       # steps between Lookahead updates
     },
     'aug': {
-        'flip': 'alternating',      # 'alternating' (the paper's), 'random' (per-epoch coin) or 'none'
+        'flip': 'alternating',      # 'alternating' (the paper's), 'random' (coin per epoch), 'none'
         'translate': 2,             # pixels of reflect padding before a random 32x32 crop
         'cutout': 0,                # side in pixels of the zeroed square; 0 disables cutout
     },
@@ -70,199 +51,19 @@ hyp = {
     },
 }
 
-#############################################
-#     Data loading and augmentation         #
-#############################################
-
-CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
-CIFAR10_STD = (0.2470, 0.2435, 0.2616)
-TORCHVISION_DATASETS = ('cifar10', 'cifar100', 'svhn')
-IMAGE_EXTENSIONS = ('.png', '.jpg', '.jpeg', '.bmp', '.webp')
-CACHE_FORMAT_VERSION = 2
-EVAL_BATCH_SIZE = 2000  # test images per forward pass in evaluation
-
-
-class DataError(Exception):
-    """A problem with the dataset or its location; the message says what is wrong and how to fix it."""
-
-
-def read_image_folder_split(split_dir):
-    """Decode split_dir/<class>/<image> into uint8 images (N, 32, 32, 3), int64 labels (N,) and the
-    sorted class names."""
-    from PIL import Image  # torchvision depends on Pillow
-    import numpy as np
-    classes = sorted(entry.name for entry in os.scandir(split_dir) if entry.is_dir())
-    images, labels = [], []
-    for label, name in enumerate(classes):
-        class_dir = os.path.join(split_dir, name)
-        for file_name in sorted(os.listdir(class_dir)):
-            if not file_name.lower().endswith(IMAGE_EXTENSIONS):
-                continue
-            path = os.path.join(class_dir, file_name)
-            try:
-                with Image.open(path) as image:
-                    image = image.convert('RGB')
-            except Exception as error:
-                raise DataError(f'{path} could not be read as an image ({error}). Remove or replace '
-                                'the file.') from None
-            if image.size != (32, 32):
-                raise DataError(f'{path} is {image.size[0]}x{image.size[1]} pixels, but these scripts '
-                                'train on 32x32 images and do not resize silently. Resize the dataset '
-                                'to 32x32 first (for example with PIL: image.resize((32, 32))).')
-            images.append(np.asarray(image))
-            labels.append(label)
-    if not images:
-        raise DataError(f'{split_dir} holds no images ({", ".join(IMAGE_EXTENSIONS)}) in class '
-                        'subdirectories. Expected the layout <split>/<class>/<image>.')
-    return torch.from_numpy(np.stack(images)), torch.tensor(labels, dtype=torch.int64), classes
-
-
-def is_image_folder(data_dir, train_splits):
-    return all(os.path.isdir(os.path.join(data_dir, split)) for split in [*train_splits, 'test'])
-
-
-def read_image_folder(data_dir, train_splits=('train',)):
-    """Read data_dir/<split>/<class>/* for the training splits (concatenated; CINIC-10 users may
-    add 'valid') and for test/. Every split must have the same class directories."""
-    parts = {split: read_image_folder_split(os.path.join(data_dir, split))
-             for split in [*train_splits, 'test']}
-    classes = parts['test'][2]
-    for split, (_, _, split_classes) in parts.items():
-        if split_classes != classes:
-            only_here = sorted(set(split_classes) - set(classes))
-            only_test = sorted(set(classes) - set(split_classes))
-            raise DataError(f'{data_dir}: {split}/ and test/ have different class directories (only '
-                            f'in {split}: {only_here}; only in test: {only_test}). All splits need '
-                            'the same class subdirectories.')
-    return {'train': {'images': torch.cat([parts[s][0] for s in train_splits]),
-                      'labels': torch.cat([parts[s][1] for s in train_splits])},
-            'test': {'images': parts['test'][0], 'labels': parts['test'][1]}, 'classes': classes}
-
-
-def read_torchvision_dataset(name, data_dir, download):
-    """Read (and with download=True, fetch) a torchvision dataset in its own layout under data_dir."""
-    import torchvision
-    splits = {}
-    for split in ('train', 'test'):
-        if name == 'svhn':
-            dataset = torchvision.datasets.SVHN(data_dir, split=split, download=download)
-            images = torch.from_numpy(dataset.data).permute(0, 2, 3, 1).contiguous()
-            labels, classes = torch.from_numpy(dataset.labels).long(), [str(d) for d in range(10)]
-        else:
-            dataset_class = {'cifar10': torchvision.datasets.CIFAR10,
-                             'cifar100': torchvision.datasets.CIFAR100}[name]
-            dataset = dataset_class(data_dir, train=(split == 'train'), download=download)
-            images, labels = torch.from_numpy(dataset.data), torch.tensor(dataset.targets)
-            classes = list(dataset.classes)
-        splits[split] = {'images': images, 'labels': labels.to(torch.int64)}
-    return {**splits, 'classes': classes}
-
-
-def folder_fingerprint(data_dir, splits):
-    """Number, total size and latest modification time of the files under the splits' folders:
-    a cache of an image folder is rebuilt when this changes."""
-    count = size = latest = 0
-    for split in splits:
-        for root, _, files in os.walk(os.path.join(data_dir, split)):
-            for file_name in files:
-                stat = os.stat(os.path.join(root, file_name))
-                count, size, latest = count + 1, size + stat.st_size, max(latest, stat.st_mtime_ns)
-    return [count, size, latest]
-
-
-def channel_stats(images):
-    """Per-channel mean and std of uint8 images (N, H, W, 3), on the [0, 1] scale."""
-    pixels = images.reshape(-1, images.shape[-1]).double() / 255
-    return tuple(pixels.mean(0).tolist()), tuple(pixels.std(0).tolist())
-
-
-def validate_dataset(data, source):
-    """Raise DataError unless data holds two splits of 32x32 RGB uint8 images with valid labels."""
-    for split in ('train', 'test'):
-        images, labels = data[split]['images'], data[split]['labels']
-        if images.dtype != torch.uint8 or images.ndim != 4 or tuple(images.shape[1:]) != (32, 32, 3):
-            raise DataError(f'{source}: {split} images have shape {tuple(images.shape)} and dtype '
-                            f'{images.dtype}; expected uint8 (N, 32, 32, 3).')
-        if len(labels) != len(images) or labels.min() < 0 or labels.max() >= len(data['classes']):
-            raise DataError(f'{source}: {split} labels do not match the images or the '
-                            f'{len(data["classes"])} classes.')
-
-
-def load_dataset(name, data_dir, train_splits=('train',), download=True, log=print):
-    """A dataset as uint8 tensors: {'train': {'images' (N, 32, 32, 3), 'labels'}, 'test': {...},
-    'classes', 'mean', 'std'}.
-
-    name is 'cifar10', 'cifar100', 'svhn' or 'folder'. data_dir may hold this script's tensor cache
-    (airbench_cache.pt, used when it matches), an image-folder layout (<split>/<class>/*, the
-    training splits and test/), or the torchvision layout of the named dataset, which is downloaded
-    when absent. Whatever was decoded is cached in data_dir for the next start. Normalization uses
-    the CIFAR-10 constants for CIFAR-10 and statistics of the training set otherwise.
-    """
-    train_splits = tuple(train_splits)
-    cache_path = os.path.join(data_dir, 'airbench_cache.pt')
-    folder = is_image_folder(data_dir, train_splits)
-    source = dict(version=CACHE_FORMAT_VERSION, dataset=name, train_splits=list(train_splits),
-                  fingerprint=folder_fingerprint(data_dir, [*train_splits, 'test']) if folder else None)
-    if os.path.exists(cache_path):
-        try:
-            data = torch.load(cache_path, map_location='cpu', weights_only=True)
-            validate_dataset(data, cache_path)
-            stale = [key for key, value in source.items() if data.get(key) != value]
-            if not stale:
-                return data
-            log(f'The tensor cache {cache_path} does not match this data ({", ".join(stale)} '
-                'differ); rebuilding it.')
-        except Exception as error:
-            log(f'The tensor cache {cache_path} is unreadable ({error}); rebuilding it from the '
-                'source data.')
-    if folder:
-        log(f'Decoding the image-folder dataset in {data_dir} (done once, then cached) ...')
-        data = read_image_folder(data_dir, train_splits)
-    elif name == 'folder':
-        raise DataError(f'{os.path.abspath(data_dir)} is not in the image-folder layout: it needs '
-                        f'the subdirectories {", ".join(s + "/" for s in [*train_splits, "test"])} '
-                        'each holding one directory of 32x32 images per class. Point --data-dir at '
-                        'such a directory, or use --dataset cifar10|cifar100|svhn.')
-    else:
-        try:
-            data = read_torchvision_dataset(name, data_dir, download=download)
-        except Exception as error:
-            raise DataError(
-                f'No {name} dataset found in {os.path.abspath(data_dir)} and it could not be '
-                f'downloaded ({type(error).__name__}: {error}). Provide the data in one of these '
-                'ways: (1) run once with network access and the script downloads it there; (2) put '
-                f'torchvision\'s files for {name} in that directory; (3) point --data-dir at an '
-                'image-folder directory holding train/<class>/*.png|jpg and test/<class>/*.png|jpg.'
-            ) from None
-    validate_dataset(data, data_dir)
-    if name == 'cifar10':
-        data['mean'], data['std'] = CIFAR10_MEAN, CIFAR10_STD
-    else:
-        data['mean'], data['std'] = channel_stats(data['train']['images'])
-    data.update(source)
-    try:
-        os.makedirs(data_dir, exist_ok=True)
-        atomic_save(data, cache_path)
-    except OSError as error:
-        log(f'Could not write the tensor cache {cache_path} ({error}); continuing without it.')
-    return data
-
-
+# ----------------------------------- Augmentation and the loader ----------------------------------
 def batch_flip_lr(images):
     """Mirror each image left-right with probability 1/2."""
     flip_mask = (torch.rand(len(images), device=images.device) < 0.5).view(-1, 1, 1, 1)
     return torch.where(flip_mask, images.flip(-1), images)
 
-
 def batch_crop(padded_images, crop_size):
-    """Crop each image at an independent uniformly random position (a translation by at most
-    (padded_size - crop_size) / 2 pixels either way when the input was padded symmetrically)."""
+    """Crop each image at its own uniformly random position: a random translation, once padded."""
     n, max_shift = len(padded_images), padded_images.size(-1) - crop_size
     shifts = torch.randint(0, max_shift + 1, size=(n, 2), device=padded_images.device)
     # windows[i, c, y, x] is the crop_size x crop_size window of image i whose corner is at (y, x)
     windows = padded_images.unfold(2, crop_size, 1).unfold(3, crop_size, 1)
     return windows[torch.arange(n, device=padded_images.device), :, shifts[:, 0], shifts[:, 1]]
-
 
 def batch_cutout(images, size):
     """Zero one size x size square per image, at a uniformly random position inside the image."""
@@ -274,38 +75,24 @@ def batch_cutout(images, size):
     inside = (rows >= top) & (rows < top + size) & (cols >= left) & (cols < left + size)
     return images.masked_fill(inside.unsqueeze(1), 0)
 
-
 class CifarLoader:
-    """Batches of one split, held as a single tensor on the device and augmented a whole epoch at a
-    time. Alternating flip: epoch 0 mirrors a random half of the images; every later epoch shows each
-    image in the orientation opposite to the one it had in the previous epoch."""
+    """Shuffled batches (the last partial one dropped) of images held on the device, augmented an
+    epoch at a time. Alternating flip: epoch 0 mirrors a random half; then each epoch the others."""
 
-    def __init__(self, images, labels, batch_size, mean, std, aug=None, train=True,
-                 dtype=torch.float32):
-        # images: uint8 (N, H, W, C) already on the target device; converted once, normalized in
-        # the first epoch (inside the timed region, as in the paper)
-        self.images = images.permute(0, 3, 1, 2).to(dtype) / 255
-        self.labels = labels
+    def __init__(self, images, labels, batch_size, mean, std, aug, dtype=torch.float32):
+        self.images = images.permute(0, 3, 1, 2).to(dtype) / 255  # uint8 NHWC -> [0, 1] NCHW
+        self.labels, self.batch_size, self.aug, self.epoch = labels, batch_size, aug, 0
         self.mean = torch.tensor(mean, device=images.device, dtype=dtype).view(1, -1, 1, 1)
         self.std = torch.tensor(std, device=images.device, dtype=dtype).view(1, -1, 1, 1)
-        self.aug = {'flip': 'none', 'translate': 0, 'cutout': 0, **(aug or {})}
-        unknown = set(self.aug) - {'flip', 'translate', 'cutout'}
-        if unknown or self.aug['flip'] not in ('alternating', 'random', 'none'):
-            raise ValueError(f'unknown augmentation setting in {self.aug}')
-        self.batch_size = batch_size
-        self.drop_last = self.shuffle = train
-        self.epoch = 0
         self.padded_images = None  # normalized, pre-flipped and reflect-padded in the first epoch
 
     def normalize(self, images):
         return (images - self.mean) / self.std
 
     def __len__(self):
-        n = len(self.images)
-        return n // self.batch_size if self.drop_last else ceil(n / self.batch_size)
+        return len(self.images) // self.batch_size
 
     def augmented_epoch(self):
-        """The whole split as this epoch shows it."""
         flip, pad, cutout = self.aug['flip'], self.aug['translate'], self.aug['cutout']
         if self.padded_images is None:
             images = self.normalize(self.images)
@@ -326,16 +113,12 @@ class CifarLoader:
     def __iter__(self):
         images = self.augmented_epoch()
         self.epoch += 1
-        n = len(images)
-        indices = torch.randperm(n, device=images.device) if self.shuffle else torch.arange(n)
+        indices = torch.randperm(len(images), device=images.device)
         for i in range(len(self)):
             batch = indices[i * self.batch_size:(i + 1) * self.batch_size]
             yield images[batch], self.labels[batch]
 
-#############################################
-#                  Network                  #
-#############################################
-
+# -------------------------------------------- Network ---------------------------------------------
 class Mul(nn.Module):
     def __init__(self, scale):
         super().__init__()
@@ -344,19 +127,15 @@ class Mul(nn.Module):
     def forward(self, x):
         return x * self.scale
 
-
 class BatchNorm(nn.BatchNorm2d):
-    """BatchNorm with a learnable bias and a scale frozen at 1. The paper's momentum m means
-    running = m * running + (1 - m) * batch, which is PyTorch's momentum=1-m."""
+    """Scale frozen at 1. Momentum m: running = m * running + (1 - m) * batch (PyTorch's 1 - m)."""
 
     def __init__(self, num_features, momentum, eps=1e-12):
         super().__init__(num_features, eps=eps, momentum=1 - momentum)
         self.weight.requires_grad = False
 
-
 def conv3x3(channels_in, channels_out):
     return nn.Conv2d(channels_in, channels_out, kernel_size=3, padding='same', bias=False)
-
 
 class ConvGroup(nn.Module):
     def __init__(self, channels_in, channels_out, batchnorm_momentum):
@@ -372,9 +151,16 @@ class ConvGroup(nn.Module):
         x = self.activ(self.norm1(self.pool(self.conv1(x))))
         return self.activ(self.norm2(self.conv2(x)))
 
+def init_identity(net):
+    """The first M filters of each 3x3 conv with M inputs become the identity; the rest stay."""
+    with torch.no_grad():
+        for module in net.modules():
+            if isinstance(module, nn.Conv2d) and module.kernel_size == (3, 3):
+                nn.init.dirac_(module.weight[:module.weight.size(1)])
 
 def make_net(widths, num_classes, batchnorm_momentum, scaling_factor, whiten_kernel_size=2):
-    """2x2 whitening conv (31x31 maps) -> three blocks (15, 7, 3) -> 3x3 max-pool -> linear -> scale."""
+    """2x2 whitening conv (31x31 maps) -> three blocks (15, 7, 3) -> 3x3 max-pool -> linear -> x
+    scale, identity-initialized; the whitening weights are set from the data, never trained."""
     whiten_width = 2 * 3 * whiten_kernel_size**2
     net = nn.Sequential(
         nn.Conv2d(3, whiten_width, whiten_kernel_size, padding=0, bias=True),
@@ -387,14 +173,24 @@ def make_net(widths, num_classes, batchnorm_momentum, scaling_factor, whiten_ker
         nn.Linear(widths['block3'], num_classes, bias=False),
         Mul(scaling_factor),
     )
-    net[0].weight.requires_grad = False  # set by init_whitening and never trained
+    net[0].weight.requires_grad = False
+    init_identity(net)
     return net
 
+def reinitialize(net):
+    """A network from make_net as if built anew (fresh default init, identity init, whitening bias
+    trainable), so that one built, or compiled, network can serve many runs."""
+    for module in net.modules():
+        if hasattr(module, 'reset_parameters'):  # PyTorch's default init of each layer
+            module.reset_parameters()
+    init_identity(net)
+    net[0].bias.requires_grad = True
 
-def to_device_precision(net, device, precision):
-    """Move net to the device in the precision recipe: 'fp16' is the paper's CUDA recipe (fp16
-    weights and activations, BatchNorm in fp32); 'bf16' keeps fp32 weights and the training step runs
-    the forward pass under bf16 autocast; 'fp32' is plain fp32. All use channels_last."""
+def build_net(arch, num_classes, device, precision):
+    """make_net from hyp['net'], on the device in a precision recipe, channels_last. 'fp16': the
+    paper's CUDA recipe (fp16 weights and activations, BatchNorm in fp32); 'bf16': fp32 weights,
+    the forward pass under bf16 autocast (the CPU recipe, see train); 'fp32': plain fp32."""
+    net = make_net(arch['widths'], num_classes, arch['batchnorm_momentum'], arch['scaling_factor'])
     net = net.to(device=device, memory_format=torch.channels_last)
     if precision == 'fp16':
         net = net.half()
@@ -403,42 +199,10 @@ def to_device_precision(net, device, precision):
                 module.float()
     return net
 
-
-def autocast_context(device, precision):
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=(precision == 'bf16'))
-
-
-def input_dtype(precision):
-    return torch.float16 if precision == 'fp16' else torch.float32
-
-#############################################
-#    Initialization (whitening, identity)   #
-#############################################
-
-def init_identity(net):
-    """Every 3x3 conv with M inputs and N >= M outputs starts with its first M filters as the
-    identity; the remaining N - M keep PyTorch's default init."""
-    with torch.no_grad():
-        for module in net.modules():
-            if isinstance(module, nn.Conv2d) and module.kernel_size == (3, 3):
-                weight = module.weight
-                nn.init.dirac_(weight[:weight.size(1)])
-
-
-def reinitialize(net):
-    """Give every layer PyTorch's default init (BatchNorm: scale 1, bias 0, fresh running
-    statistics), then the identity init. Lets one built (or compiled) network serve many runs."""
-    with torch.no_grad():
-        for module in net.modules():
-            if module is not net and hasattr(module, 'reset_parameters'):
-                module.reset_parameters()
-    init_identity(net)
-
-
+# ------------------------------------------- Whitening --------------------------------------------
 def whitening_filters(images, kernel_size, eps):
-    """Filters that whiten the kernel_size x kernel_size patches of images (N, C, H, W): the
-    eigenvectors of the patches' second-moment matrix, largest eigenvalue first, each divided by
-    sqrt(eigenvalue + eps). Returns (C*k*k, C, k, k) in fp32."""
+    """Filters whitening the k x k patches of images (N, C, H, W): the eigenvectors of the patches'
+    second-moment matrix, largest eigenvalue first, each divided by sqrt(eigenvalue + eps)."""
     c = images.size(1)
     patches = images.unfold(2, kernel_size, 1).unfold(3, kernel_size, 1)  # N, C, H', W', k, k
     patches = patches.permute(0, 2, 3, 1, 4, 5).reshape(-1, c * kernel_size**2).float()
@@ -448,23 +212,18 @@ def whitening_filters(images, kernel_size, eps):
     filters = eigenvectors.T / torch.sqrt(eigenvalues + eps).view(-1, 1)
     return filters.reshape(-1, c, kernel_size, kernel_size)
 
-
 def init_whitening(layer, images, eps):
-    """Set the frozen whitening conv to [W, -W] (the negations keep the information that the GELU
-    after it would drop) and zero its bias, which is trained for the first epochs."""
+    """Set the frozen whitening conv to [W, -W] (the negations keep what the GELU after it would
+    drop) and zero its bias, which is trained for the first epochs."""
     filters = whitening_filters(images, layer.kernel_size[0], eps)
     with torch.no_grad():
         layer.weight.copy_(torch.cat([filters, -filters]))
         layer.bias.zero_()
 
-#############################################
-#                 Lookahead                 #
-#############################################
-
+# ------------------------------------------- Lookahead --------------------------------------------
 class LookaheadState:
-    """A slow copy of every floating-point tensor of the model state (parameters and BatchNorm
-    running statistics). update() moves the slow copy toward the live model by (1 - decay), then
-    sets the live model to it."""
+    """A slow copy of the model state's floats (parameters, BatchNorm statistics). update() moves it
+    toward the live model by (1 - decay), then sets the live model to it."""
 
     def __init__(self, net):
         self.slow = {name: tensor.detach().clone() for name, tensor in net.state_dict().items()
@@ -477,14 +236,12 @@ class LookaheadState:
                     self.slow[name].lerp_(live, 1 - decay)
                     live.copy_(self.slow[name])
 
-
 def lookahead_decay(step, total_steps):
-    """The slow copy's decay at a given step: 0.95**5 at the end of training, ramping up as step**3."""
+    """The slow copy's decay: 0.95**5 at the end of training, ramping up as step**3."""
     return 0.95**5 * (step / total_steps)**3
 
-#############################################
-#           Evaluation and TTA              #
-#############################################
+# --------------------------------------- Evaluation and TTA ---------------------------------------
+EVAL_BATCH_SIZE = 2000  # test images per forward pass
 
 def infer(net, images, tta_level, autocast, batch_size=EVAL_BATCH_SIZE):
     """Logits (fp32) for normalized images. TTA level 0: the image; 1: the mean of the image and
@@ -498,27 +255,15 @@ def infer(net, images, tta_level, autocast, batch_size=EVAL_BATCH_SIZE):
             return net(x).float()
         if tta_level == 1:
             return mirror_mean(x)
-        padded = F.pad(x, (1,) * 4, mode='reflect')
-        size = x.size(-1)
+        padded, size = F.pad(x, (1,) * 4, mode='reflect'), x.size(-1)
         shifted = [padded[:, :, :size, :size], padded[:, :, 2:, 2:]]
         return 0.5 * mirror_mean(x) + 0.25 * sum(mirror_mean(view) for view in shifted)
 
-    if tta_level not in (0, 1, 2):
-        raise ValueError(f'tta_level must be 0, 1 or 2, not {tta_level}')
     net.eval()
     with torch.no_grad(), autocast:
         return torch.cat([predict(batch) for batch in images.split(batch_size)])
 
-
-def evaluate(net, images, labels, tta_level, autocast):
-    """Fraction of images classified correctly."""
-    logits = infer(net, images, tta_level, autocast)
-    return (logits.argmax(1) == labels).float().mean().item()
-
-#############################################
-#                 Training                  #
-#############################################
-
+# --------------------------------- Optimizer groups and schedule ----------------------------------
 def decoupled_sgd_groups(net, lr, weight_decay, momentum, batch_size, bias_scaler):
     """Parameter groups for torch.optim.SGD from the decoupled lr and weight decay (each per 1024
     examples). With constant gradients, Nesterov momentum makes the steps 1 + 1/(1 - momentum)
@@ -526,108 +271,70 @@ def decoupled_sgd_groups(net, lr, weight_decay, momentum, batch_size, bias_scale
     per step, lr * weight_decay in PyTorch's terms, is the same for every group, so the 64x lr of
     the BatchNorm biases does not change their decay."""
     kilostep_scale = 1024 * (1 + 1 / (1 - momentum))
-    base_lr = lr / kilostep_scale
+    base_lr, bias_lr = lr / kilostep_scale, bias_scaler * lr / kilostep_scale
     decay_per_step = weight_decay * batch_size / kilostep_scale
     trainable = [(name, p) for name, p in net.named_parameters() if p.requires_grad]
     norm_biases = [p for name, p in trainable if 'norm' in name]
     others = [p for name, p in trainable if 'norm' not in name]
-    bias_lr = base_lr * bias_scaler
     return [dict(params=norm_biases, lr=bias_lr, weight_decay=decay_per_step / bias_lr),
             dict(params=others, lr=base_lr, weight_decay=decay_per_step / base_lr)]
 
-
 def lr_schedule(total_steps, start=0.2, peak_fraction=0.23, end=0.07):
-    """Multiplier of the lr at each step 0..total_steps: linear from start to 1 over the first
-    peak_fraction of the steps, then linear to end at the last step."""
+    """The lr's multiplier at steps 0..total_steps: linear from start up to 1, then down to end."""
     peak = int(peak_fraction * total_steps)
     steps = torch.arange(total_steps + 1, dtype=torch.float64)
     warmup = start + (1 - start) * steps / max(peak, 1)
     decay = 1 + (end - 1) * (steps - peak) / max(total_steps - peak, 1)
     return torch.where(steps < peak, warmup, decay)
 
-
-class TrainingDiverged(Exception):
-    """The training loss became NaN or infinite."""
-
-
+# -------------------------------------------- Training --------------------------------------------
 def synchronize(device):
     if device.type == 'cuda':
         torch.cuda.synchronize(device)
 
-
-def train(run, data, hyp, device, precision, seed, epoch_eval=True, log=print, net=None,
-          checkpoint_path=None, resume=None):
-    """One training run. data: uint8 images and int64 labels of both splits on the device, with
-    the classes, mean and std (see load_dataset). net: a network from make_net, already on the
-    device in the precision (and possibly compiled), to reinitialize and train in place; built
-    afresh when None. The seed alone determines the run. Returns a dict of this run's figures.
-
-    checkpoint_path: after every epoch (untimed) the run's state is saved there. resume: such a
-    checkpoint (of this run and seed); training continues after its epoch exactly as if it had
-    never stopped, and its timed seconds carry on from the checkpoint's."""
-    opt, aug, arch = hyp['opt'], hyp['aug'], hyp['net']
+def train(data, hyp, device, precision, seed, net=None, epoch_eval=True, on_epoch=None):
+    """One run, determined by its seed. data: uint8 images (N, 32, 32, 3) and labels of 'train' and
+    'test' on the device, 'classes', 'mean', 'std'. net: from build_net, reinitialized and trained
+    in place (built when None). on_epoch(figures) gets each epoch's figures outside the timed region
+    (it may raise to stop). Returns the run's figures and the trained network."""
+    opt, arch = hyp['opt'], hyp['net']
     batch_size, epochs = opt['batch_size'], opt['train_epochs']
-    dtype, autocast = input_dtype(precision), autocast_context(device, precision)
-
+    dtype = torch.float16 if precision == 'fp16' else torch.float32
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=(precision == 'bf16'))
     train_loader = CifarLoader(data['train']['images'], data['train']['labels'], batch_size,
-                               data['mean'], data['std'], aug=aug, train=True, dtype=dtype)
-    test_loader = CifarLoader(data['test']['images'], data['test']['labels'], EVAL_BATCH_SIZE,
-                              data['mean'], data['std'], train=False, dtype=dtype)
-    test_images, test_labels = test_loader.normalize(test_loader.images), test_loader.labels
-    if len(train_loader) == 0:
-        raise DataError(f'{len(train_loader.images)} training images make no full batch of '
-                        f'{batch_size}; use more data or a smaller batch_size (--hyp opt.batch_size=N).')
+                               data['mean'], data['std'], hyp['aug'], dtype)
+    test_images, test_labels = data['test']['images'].permute(0, 3, 1, 2), data['test']['labels']
+    test_images = train_loader.normalize(test_images.to(dtype) / 255)
     total_steps = ceil(len(train_loader) * epochs)
 
     if net is None:
-        net = to_device_precision(make_net(arch['widths'], len(data['classes']),
-                                           arch['batchnorm_momentum'], arch['scaling_factor']),
-                                  device, precision)
+        net = build_net(arch, len(data['classes']), device, precision)
     torch.manual_seed(seed)
     reinitialize(net)
-    net[0].bias.requires_grad = True  # a reused network comes back with it frozen
-    optimizer = torch.optim.SGD(
-        decoupled_sgd_groups(net, opt['lr'], opt['weight_decay'], opt['momentum'], batch_size,
-                             opt['bias_scaler']),
-        momentum=opt['momentum'], nesterov=True)
-    for group in optimizer.param_groups:
-        group['initial_lr'] = group['lr']
+    groups = decoupled_sgd_groups(net, opt['lr'], opt['weight_decay'], opt['momentum'],
+                                  batch_size, opt['bias_scaler'])
+    optimizer = torch.optim.SGD(groups, momentum=opt['momentum'], nesterov=True)
+    initial_lrs = [group['lr'] for group in optimizer.param_groups]
     lr_multipliers = lr_schedule(total_steps).tolist()
     loss_fn = nn.CrossEntropyLoss(label_smoothing=opt['label_smoothing'], reduction='sum')
 
-    if resume is None:
-        # Timed: whitening init from the first 5000 training images (the first touch of training data)
-        synchronize(device)
-        start_time = time.perf_counter()
-        init_whitening(net[0], train_loader.normalize(train_loader.images[:5000]), arch['whiten_eps'])
-        lookahead = LookaheadState(net)
-        synchronize(device)
-        total_time_seconds = time.perf_counter() - start_time
-        first_epoch, step, epoch_train_losses = 0, 0, []
-    else:
-        # The first epoch fixes the flips and padding of all later ones; it draws them from the
-        # random state just after reinitialize(), so replaying it here rebuilds them exactly.
-        train_loader.augmented_epoch()
-        net.load_state_dict(resume['net'])
-        optimizer.load_state_dict(resume['optimizer'])
-        lookahead = LookaheadState(net)
-        lookahead.slow = {name: tensor.to(device) for name, tensor in resume['lookahead'].items()}
-        train_loader.epoch = resume['loader_epoch']
-        torch.set_rng_state(resume['rng_state'])
-        if device.type == 'cuda':
-            torch.cuda.set_rng_state(resume['cuda_rng_state'], device)
-        first_epoch, step = resume['epoch'] + 1, resume['step']
-        total_time_seconds, epoch_train_losses = resume['time_seconds'], resume['epoch_train_losses']
+    # Timed: the whitening init from the first 5000 training images (the first touch of the data)
+    synchronize(device)
+    start_time = time.perf_counter()
+    init_whitening(net[0], train_loader.normalize(train_loader.images[:5000]), arch['whiten_eps'])
+    lookahead = LookaheadState(net)
+    synchronize(device)
+    total_time_seconds = time.perf_counter() - start_time
 
-    val_acc = None
-    for epoch in range(first_epoch, ceil(epochs)):
+    step, epoch_train_losses, val_acc = 0, [], None
+    for epoch in range(ceil(epochs)):
         net[0].bias.requires_grad = epoch < opt['whiten_bias_epochs']
         synchronize(device)
         start_time = time.perf_counter()
         net.train()
         for inputs, labels in train_loader:
-            for group in optimizer.param_groups:
-                group['lr'] = group['initial_lr'] * lr_multipliers[step]
+            for group, initial_lr in zip(optimizer.param_groups, initial_lrs):
+                group['lr'] = initial_lr * lr_multipliers[step]
             with autocast:
                 outputs = net(inputs)
             loss = loss_fn(outputs.float(), labels)
@@ -643,27 +350,15 @@ def train(run, data, hyp, device, precision, seed, epoch_eval=True, log=print, n
         synchronize(device)
         total_time_seconds += time.perf_counter() - start_time
 
-        # Not timed: figures of the last batch, and (optionally) plain validation accuracy
-        train_loss = loss.item() / len(labels)
-        epoch_train_losses.append(train_loss)
-        if not math.isfinite(train_loss):
-            raise TrainingDiverged(f'run {run}: the training loss became {train_loss} in epoch '
-                                   f'{epoch}. Lower the learning rate (--hyp opt.lr=...) or check '
-                                   'the data; earlier runs are kept in the log.')
+        # Not timed: the last batch's loss and accuracy, and the plain test accuracy
+        epoch_train_losses.append(loss.item() / len(labels))
         train_acc = (outputs.detach().argmax(1) == labels).float().mean().item()
-        val_acc = evaluate(net, test_images, test_labels, 0, autocast) if epoch_eval else None
-        log(format_row(dict(run=run if epoch == first_epoch else '', epoch=epoch,  # run shown once
-                            train_loss=train_loss, train_acc=train_acc, val_acc=val_acc,
-                            total_time_seconds=total_time_seconds)))
-        if checkpoint_path is not None:
-            atomic_save(dict(run=run, seed=seed, epoch=epoch, step=step,
-                             time_seconds=total_time_seconds, epoch_train_losses=epoch_train_losses,
-                             net=net.state_dict(), optimizer=optimizer.state_dict(),
-                             lookahead=lookahead.slow, loader_epoch=train_loader.epoch,
-                             rng_state=torch.get_rng_state(),
-                             cuda_rng_state=(torch.cuda.get_rng_state(device)
-                                             if device.type == 'cuda' else None)),
-                        checkpoint_path)
+        if epoch_eval:
+            logits = infer(net, test_images, 0, autocast)
+            val_acc = (logits.argmax(1) == test_labels).float().mean().item()
+        if on_epoch is not None:
+            on_epoch(dict(epoch=epoch, train_loss=epoch_train_losses[-1], train_acc=train_acc,
+                          val_acc=val_acc, total_time_seconds=total_time_seconds))
 
     # Timed: test-time augmentation, up to the existence of test predictions
     synchronize(device)
@@ -672,239 +367,248 @@ def train(run, data, hyp, device, precision, seed, epoch_eval=True, log=print, n
     synchronize(device)
     total_time_seconds += time.perf_counter() - start_time
     tta_val_acc = (logits.argmax(1) == test_labels).float().mean().item()
-    log(format_row(dict(run=run if first_epoch == ceil(epochs) else '', epoch='eval',
-                        tta_val_acc=tta_val_acc,
-                        total_time_seconds=total_time_seconds)))
-    return dict(tta_val_acc=tta_val_acc, val_acc=val_acc, time_seconds=total_time_seconds,
-                epoch_train_losses=epoch_train_losses, steps=step, seed=seed,
-                resumed_after_epoch=None if resume is None else resume['epoch'], net=net)
+    return dict(seed=seed, tta_val_acc=tta_val_acc, val_acc=val_acc, steps=step, net=net,
+                total_time_seconds=total_time_seconds, epoch_train_losses=epoch_train_losses)
 
-#############################################
-#                  Logging                  #
-#############################################
+####################################################################################################
+# Running the script: identical in all the airbench scripts, not part of the method: the datasets  #
+# (CIFAR-10/100, SVHN, image folders, the tensor cache), flags, logs, statistics and main().       #
+####################################################################################################
+import argparse, ast, copy, ctypes, json, math, os, sys, uuid
 
-COLUMNS = ['run', 'epoch', 'train_loss', 'train_acc', 'val_acc', 'tta_val_acc', 'total_time_seconds']
-COLUMN_WIDTHS = [6, 5, 10, 9, 7, 11, 18]
+CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 
+class DataError(Exception):
+    """A problem with the data or its location; the message says what is wrong and how to fix it."""
+
+def read_image(path):
+    from PIL import Image  # torchvision's dependency
+    try:
+        with Image.open(path) as image:
+            image = image.convert('RGB')
+    except Exception as error:
+        raise DataError(f'{path} could not be read as an image ({error}). Remove or replace it.')
+    if image.size != (32, 32):
+        raise DataError(f'{path} is {image.size[0]}x{image.size[1]} pixels, but these scripts '
+                        'train on 32x32 images and do not resize silently. Resize them first.')
+    return torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8).view(32, 32, 3)
+
+def read_image_folder(data_dir, train_splits):
+    """data_dir/<split>/<class>/<image>: the training splits (concatenated) and test/."""
+    from torchvision.datasets import ImageFolder
+    splits, first = {}, train_splits[0]
+    for split in [*train_splits, 'test']:
+        try:
+            folder = ImageFolder(os.path.join(data_dir, split), loader=read_image)
+        except FileNotFoundError as error:  # no class directories, or one without images
+            raise DataError(f'{os.path.join(data_dir, split)}: {error} Expected the layout '
+                            '<split>/<class>/<image>.') from None
+        if splits and folder.classes != splits[first][2]:
+            ours, theirs = set(folder.classes), set(splits[first][2])
+            raise DataError(f'{data_dir}: {first}/ and {split}/ have different class directories '
+                            f'(only in {first}: {sorted(theirs - ours)}; only in {split}: '
+                            f'{sorted(ours - theirs)}). All splits need the same classes.')
+        images = torch.stack([read_image(path) for path, _ in folder.samples])
+        splits[split] = (images, torch.tensor(folder.targets), folder.classes)
+    return {'train': {'images': torch.cat([splits[s][0] for s in train_splits]),
+                      'labels': torch.cat([splits[s][1] for s in train_splits])},
+            'test': {'images': splits['test'][0], 'labels': splits['test'][1]},
+            'classes': splits['test'][2]}
+
+def read_torchvision_dataset(name, data_dir, download):
+    import torchvision
+    data = {}
+    for split in ('train', 'test'):
+        if name == 'svhn':
+            dataset = torchvision.datasets.SVHN(data_dir, split=split, download=download)
+            images, labels = torch.from_numpy(dataset.data).permute(0, 2, 3, 1), dataset.labels
+        else:
+            dataset = getattr(torchvision.datasets, name.upper())(data_dir, split == 'train',
+                                                                  download=download)
+            images, labels = torch.from_numpy(dataset.data), dataset.targets
+        data[split] = {'images': images.contiguous(), 'labels': torch.as_tensor(labels).long()}
+    return {**data, 'classes': list(map(str, range(10))) if name == 'svhn' else dataset.classes}
+
+def load_dataset(name, data_dir, train_splits=('train',), download=True, log=print):
+    """{'train': {'images': uint8 (N, 32, 32, 3), 'labels'}, 'test', 'classes', 'mean', 'std'} from
+    data_dir's tensor cache where it matches, else from its image-folder or torchvision layout
+    (downloaded when absent), cached. mean, std: CIFAR-10's constants, else the training set's."""
+    cache_path, splits = os.path.join(data_dir, 'airbench_cache.pt'), [*train_splits, 'test']
+    folder = all(os.path.isdir(os.path.join(data_dir, split)) for split in splits)
+    files = [os.stat(os.path.join(root, file)) for split in splits if folder
+             for root, _, names in os.walk(os.path.join(data_dir, split)) for file in names]
+    # A cache is rebuilt when an image folder's file count, size or latest change differ
+    source = dict(version=2, dataset=name, train_splits=list(train_splits), fingerprint=[
+        len(files), sum(f.st_size for f in files), max((f.st_mtime_ns for f in files), default=0)]
+                  if folder else None)
+    if os.path.exists(cache_path):
+        try:
+            data = torch.load(cache_path, map_location='cpu', weights_only=True)
+            stale = [key for key, value in source.items() if data.get(key) != value]
+            if not stale:
+                return data
+            log(f'The tensor cache {cache_path} does not match this data ({", ".join(stale)} '
+                'differ); rebuilding it.')
+        except Exception as error:
+            log(f'The tensor cache {cache_path} is unreadable ({error}); rebuilding it.')
+    if folder:
+        log(f'Decoding the image-folder dataset in {data_dir} (done once, then cached) ...')
+        data = read_image_folder(data_dir, train_splits)
+    elif name == 'folder':
+        raise DataError(f'{os.path.abspath(data_dir)} is not in the image-folder layout: it needs '
+                        f'the subdirectories {", ".join(s + "/" for s in splits)} each holding one '
+                        'directory of 32x32 images per class. Point --data-dir at one.')
+    else:
+        try:
+            data = read_torchvision_dataset(name, data_dir, download)
+        except Exception as error:
+            raise DataError(
+                f'No {name} dataset found in {os.path.abspath(data_dir)} and it could not be '
+                f'downloaded ({type(error).__name__}: {error}). Provide it in one of these ways: '
+                '(1) run once with network access and the script downloads it there; (2) put '
+                f"torchvision's files for {name} in that directory; (3) point --data-dir at an "
+                'image-folder directory holding train/<class>/*.png|jpg and test/<class>/*.png|jpg.'
+            ) from None
+    pixels = data['train']['images'].reshape(-1, 3).double() / 255
+    data['mean'], data['std'] = ((CIFAR10_MEAN, CIFAR10_STD) if name == 'cifar10' else
+                                 (tuple(pixels.mean(0).tolist()), tuple(pixels.std(0).tolist())))
+    data.update(source)
+    try:
+        os.makedirs(data_dir, exist_ok=True)
+        atomic_write(cache_path, lambda path: torch.save(data, path))
+    except OSError as error:
+        log(f'Could not write the tensor cache {cache_path} ({error}); continuing without it.')
+    return data
+
+def dummy_dataset(num_classes, batch_size, num_test, device):
+    """Random data for the warmup: two training batches, test batches of the real set's sizes."""
+    def split(n):
+        return {'images': torch.randint(0, 256, (n, 32, 32, 3), dtype=torch.uint8, device=device),
+                'labels': torch.randint(0, num_classes, (n,), device=device)}
+    full_batch = EVAL_BATCH_SIZE if num_test >= EVAL_BATCH_SIZE else 0
+    return {'train': split(2 * batch_size), 'test': split(full_batch + num_test % EVAL_BATCH_SIZE),
+            'classes': list(range(num_classes)), 'mean': CIFAR10_MEAN, 'std': CIFAR10_STD}
+
+def describe(values):
+    """n, mean, sample standard deviation and 95% confidence interval of the mean."""
+    n = len(values)
+    if n < 2:
+        return dict(n=n, mean=values[0] if n else None, std=None, ci95=None)
+    mean = sum(values) / n
+    std = math.sqrt(sum((v - mean)**2 for v in values) / (n - 1))
+    z, dof = 1.959964, n - 1  # Student's t, two-sided 95%: a table to 30 dof, then Cornish-Fisher
+    t = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
+         2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
+         2.052, 2.048, 2.045, 2.042][dof - 1] if dof <= 30 else (
+        z + (z**3 + z) / (4 * dof) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * dof**2))
+    return dict(n=n, mean=mean, std=std, ci95=[mean - t * std / n**0.5, mean + t * std / n**0.5])
+
+COLUMNS = {'run': 6, 'epoch': 5, 'train_loss': 10, 'train_acc': 9, 'val_acc': 7,
+           'tta_val_acc': 11, 'total_time_seconds': 18}
 
 def format_row(values=None):
     """One row of the per-epoch table; with no values, the header."""
-    cells = []
-    for column, width in zip(COLUMNS, COLUMN_WIDTHS):
-        value = column if values is None else values.get(column)
-        text = '' if value is None else f'{value:.4f}' if isinstance(value, float) else str(value)
-        cells.append(text.rjust(width))
-    return '|  ' + '  |  '.join(cells) + '  |'
+    cells = [c if values is None else values.get(c) for c in COLUMNS]
+    cells = ['' if v is None else f'{v:.4f}' if isinstance(v, float) else str(v) for v in cells]
+    return '|  ' + '  |  '.join(map(str.rjust, cells, COLUMNS.values())) + '  |'
 
-
-def t_critical_95(degrees_of_freedom):
-    """Two-sided 95% critical value of Student's t (table up to 30, Cornish-Fisher beyond)."""
-    table = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
-             2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
-             2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
-    if degrees_of_freedom <= len(table):
-        return table[degrees_of_freedom - 1]
-    z, v = 1.959964, degrees_of_freedom
-    return z + (z**3 + z) / (4 * v) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * v**2)
-
-
-def describe(values):
-    """Mean, sample standard deviation, n and the 95% confidence interval of the mean (None where
-    undefined: no values, or one)."""
-    n = len(values)
-    mean = sum(values) / n if n else None
-    if n < 2:
-        return dict(mean=mean, std=None, n=n, ci95=None)
-    std = math.sqrt(sum((v - mean)**2 for v in values) / (n - 1))
-    half_width = t_critical_95(n - 1) * std / math.sqrt(n)
-    return dict(mean=mean, std=std, n=n, ci95=[mean - half_width, mean + half_width])
-
-
-def atomic_save(obj, path):
-    """torch.save to a temporary file, then rename: a crash never leaves a half-written file."""
+def atomic_write(path, write):
+    """write(a temporary path), then rename it to path: a crash never leaves a half-written file."""
     temporary = f'{path}.tmp{os.getpid()}'
     try:
-        torch.save(obj, temporary)
+        write(temporary)
         os.replace(temporary, path)
     finally:
         if os.path.exists(temporary):
             os.remove(temporary)
-
-
-def atomic_write_json(obj, path):
-    temporary = f'{path}.tmp{os.getpid()}'
-    try:
-        with open(temporary, 'w') as f:
-            json.dump(obj, f, indent=2)
-        os.replace(temporary, path)
-    finally:
-        if os.path.exists(temporary):
-            os.remove(temporary)
-
-
-def open_study(args, argv, code):
-    """Where a study's logs go, and what an interrupted one left: (args, log_dir, log). A new study
-    gets LOG_DIR/<uuid> and log None. With --resume DIR: DIR, its log.pt, and the flags it was
-    started with (parsed again), after checking that this is the same script it was run with."""
-    if args.resume is None:
-        return args, os.path.join(args.log_dir, str(uuid.uuid4())), None
-    log_dir, path = args.resume, os.path.join(args.resume, 'log.pt')
-    if not os.path.isfile(path):
-        raise ValueError(f'--resume {log_dir}: there is no log.pt in it. Give the directory the '
-                         'study printed at its start ("log ...") or end ("Log: ...").')
-    try:
-        log = torch.load(path, map_location='cpu', weights_only=False)
-    except Exception as error:
-        raise ValueError(f'--resume {log_dir}: its log.pt is unreadable ({error}).') from None
-    if log.get('code') != code or 'argv' not in log:
-        raise ValueError(f'--resume {log_dir}: that study was run by another version of this script; '
-                         "resume it with that version (log.pt keeps its source under 'code').")
-    return parse_args(log['argv']), log_dir, log
-
 
 def write_logs(log_dir, code, results, config, status):
-    """log.pt (source code, per-run figures, configuration) and summary.json, both rewritten after
-    every run so that an interrupted study keeps its finished runs."""
-    os.makedirs(log_dir, exist_ok=True)  # first made here, so a study stopped by bad input leaves none
-    accs = [r['tta_val_acc'] for r in results]
-    times = [r['time_seconds'] for r in results]
+    """log.pt (the source, runs, configuration) and summary.json: rewritten after every run."""
+    os.makedirs(log_dir, exist_ok=True)  # made here first: a study refused at its start leaves none
+    accs, times = [r['tta_val_acc'] for r in results], [r['total_time_seconds'] for r in results]
     log = dict(code=code, accs=torch.tensor(accs), times=torch.tensor(times), runs=results,
                status=status, **config)
-    atomic_save(log, os.path.join(log_dir, 'log.pt'))
+    atomic_write(os.path.join(log_dir, 'log.pt'), lambda path: torch.save(log, path))
     summary = dict(status=status, runs_finished=len(results), runs_requested=config['args']['runs'],
-                   tta_val_acc=describe(accs), time_seconds=describe(times), runs=results,
-                   **{k: v for k, v in config.items() if k != 'hyp'}, hyp=config['hyp'])
-    atomic_write_json(summary, os.path.join(log_dir, 'summary.json'))
+                   tta_val_acc=describe(accs), total_time_seconds=describe(times), **config,
+                   runs=results)
+    atomic_write(os.path.join(log_dir, 'summary.json'),
+                 lambda path: json.dump(summary, open(path, 'w'), indent=2))
 
-#############################################
-#                   Main                    #
-#############################################
-
-def parse_hyp_override(text):
-    """'opt.lr=10' -> (['opt', 'lr'], 10.0)."""
-    key, sep, value = text.partition('=')
-    if not sep:
-        raise argparse.ArgumentTypeError(f'--hyp takes KEY=VALUE (for example opt.lr=10), not {text!r}')
-    try:
-        value = ast.literal_eval(value)
-    except (ValueError, SyntaxError):
-        pass  # a bare word, such as aug.flip=random
-    return key.split('.'), value
-
-
-def apply_hyp_overrides(hyp, overrides):
-    """A deep copy of hyp with each (path, value) set; unknown keys are errors."""
-    hyp = copy.deepcopy(hyp)
-    for path, value in overrides:
-        node = hyp
-        for key in path[:-1]:
-            if not isinstance(node.get(key), dict):
-                raise ValueError(f'--hyp {".".join(path)}: no such hyperparameter group {key!r}')
-            node = node[key]
-        if path[-1] not in node:
-            raise ValueError(f'--hyp {".".join(path)}: no such hyperparameter; '
-                             f'known: {", ".join(node)}')
-        node[path[-1]] = value
-    return hyp
-
-
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows each flag's default, except where it is None: those flags say in their help what
-    not giving them means."""
-    def _get_help_string(self, action):
-        return action.help if action.default is None else super()._get_help_string(action)
-
+def study_hyp(args):
+    """hyp with --epochs and each --hyp GROUP.KEY=VALUE set (a word such as 'random': a string)."""
+    run_hyp = copy.deepcopy(hyp)
+    run_hyp['aug']['flip'] = 'none' if args.dataset == 'svhn' else run_hyp['aug']['flip']  # paper
+    for text in args.hyp:
+        key, sep, value = text.partition('=')
+        *groups, name = key.split('.')
+        node = run_hyp
+        for group in groups:
+            node = node.get(group) if isinstance(node.get(group), dict) else {}
+        if not sep or not groups or name not in node:
+            raise ValueError(f'--hyp takes KEY=VALUE (for example opt.lr=10), not {text!r}'
+                             if not sep else f'--hyp {key}: no such hyperparameter (see hyp)')
+        try:
+            node[name] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            node[name] = value
+    run_hyp['opt']['train_epochs'] = args.epochs or run_hyp['opt']['train_epochs']
+    if run_hyp['aug']['flip'] not in ('alternating', 'random', 'none'):
+        raise ValueError("--hyp aug.flip takes 'alternating', 'random' or 'none'")
+    if run_hyp['net']['tta_level'] not in (0, 1, 2):
+        raise ValueError('--hyp net.tta_level takes 0, 1 or 2')
+    return run_hyp
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0],
-                                     formatter_class=HelpFormatter)
-    parser.add_argument('--runs', type=int, default=25, help='timed training runs')
-    parser.add_argument('--dataset', default='cifar10', choices=[*TORCHVISION_DATASETS, 'folder'],
-                        help="cifar10, cifar100 and svhn come through torchvision (downloaded when "
-                             "absent) or from an image folder; 'folder' is any image-folder dataset")
-    parser.add_argument('--data-dir', default=None,
-                        help='dataset directory: tensor cache, image-folder layout '
-                             '(train/<class>/*, test/<class>/*) or torchvision layout '
-                             '(default: data/DATASET)')
-    parser.add_argument('--train-splits', default='train',
-                        help="image-folder subdirectories to train on, comma-separated (CINIC-10: "
-                             "'train,valid')")
-    parser.add_argument('--device', default='auto', help="'auto' (CUDA if present), 'cpu', 'cuda', 'cuda:1', ...")
-    parser.add_argument('--precision', default='auto', choices=['auto', 'fp16', 'bf16', 'fp32'],
-                        help="auto: fp16 on CUDA; on the CPU bf16 autocast where the CPU has native "
-                             "bf16 (AVX512-BF16/AMX), else fp32")
-    parser.add_argument('--seed', type=int, default=None,
-                        help='seed of the first run; run i uses seed+i (default: drawn at random, recorded)')
-    parser.add_argument('--log-dir', default='logs', help='logs go to LOG_DIR/<uuid>/')
-    parser.add_argument('--epochs', type=float, default=None,
-                        help='train for this many epochs; the whole schedule stretches or shrinks '
-                             f"(default: {hyp['opt']['train_epochs']})")
-    parser.add_argument('--flip', choices=['alternating', 'random', 'none'], default=None,
-                        help=f"flip augmentation (default: {hyp['aug']['flip']}; none for svhn, "
-                             "whose digits are not mirror-symmetric)")
-    parser.add_argument('--tta-level', type=int, choices=[0, 1, 2], default=None,
-                        help=f"test-time augmentation (default: {hyp['net']['tta_level']})")
-    parser.add_argument('--hyp', type=parse_hyp_override, action='append', default=[],
-                        metavar='KEY=VALUE', help='override any hyperparameter, e.g. --hyp opt.lr=10 '
-                                                  '--hyp aug.translate=4 (repeatable)')
-    parser.add_argument('--epoch-eval', action=argparse.BooleanOptionalAction, default=True,
-                        help='evaluate (untimed) after every epoch for the table')
-    parser.add_argument('--warmup', action=argparse.BooleanOptionalAction, default=True,
-                        help='first run a short untimed training on dummy data')
-    parser.add_argument('--resume', metavar='STUDY_DIR', default=None,
-                        help='continue the interrupted study in STUDY_DIR (the "Log:" directory it '
-                             'printed) with its own flags: finished runs are kept and the unfinished '
-                             'one continues after its last finished epoch, as if never stopped; '
-                             'other flags are ignored')
-    parser.add_argument('--deterministic', action='store_true',
-                        help='CUDA: deterministic algorithms and no cudnn autotuning, so a seed '
-                             'repeats a run bitwise, a little slower (the CPU is deterministic anyway)')
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add = parser.add_argument
+    add('--runs', type=int, default=25, help='timed training runs')
+    add('--dataset', default='cifar10', choices=['cifar10', 'cifar100', 'svhn', 'folder'],
+        help='folder: any image-folder dataset; the others also from their torchvision layout')
+    add('--data-dir', default='data/DATASET', help='the tensor cache, an image-folder layout '
+        '(train/<class>/*, test/<class>/*) or the torchvision layout (downloaded when absent)')
+    add('--train-splits', default='train', help='image-folder splits to train on, e.g. train,valid')
+    add('--device', default='auto', help='auto (CUDA if present), cpu, cuda, cuda:1, ...')
+    add('--precision', default='auto', choices=['auto', 'fp16', 'bf16', 'fp32'], help='auto: fp16 '
+        'on CUDA; on the CPU bf16 autocast where the CPU has native bf16, else fp32')
+    add('--seed', type=int, help='seed of the first run; run i uses seed+i (None: random, logged)')
+    add('--log-dir', default='logs', help='logs go to LOG_DIR/<uuid>/')
+    add('--epochs', type=float, help="the schedule shrunk or stretched to this many epochs "
+        "(None: hyp['opt']['train_epochs'])")
+    add('--hyp', action='append', default=[], metavar='KEY=VALUE', help='set a hyperparameter '
+        '(repeatable): --hyp opt.lr=10 --hyp aug.flip=random --hyp net.tta_level=0')
+    add('--epoch-eval', action=argparse.BooleanOptionalAction, default=True, help='untimed')
+    add('--warmup', action=argparse.BooleanOptionalAction, default=True, help='untimed, dummy data')
+    add('--deterministic', action='store_true', help='CUDA: deterministic algorithms, no cudnn '
+        'autotuning: a seed repeats a run bitwise, a little slower (as the CPU always does)')
     args = parser.parse_args(argv)
-    if args.dataset == 'folder' and args.data_dir is None:
+    if args.dataset == 'folder' and args.data_dir == 'data/DATASET':
         parser.error('--dataset folder needs --data-dir DIR (a directory with train/ and test/)')
-    if args.data_dir is None:
-        args.data_dir = os.path.join('data', args.dataset)
+    args.data_dir = args.data_dir.replace('DATASET', args.dataset)
     if args.runs < 1:
         parser.error(f'--runs must be at least 1, not {args.runs}')
     if args.epochs is not None and not (args.epochs > 0 and math.isfinite(args.epochs)):
         parser.error(f'--epochs must be a positive number, not {args.epochs}')
     return args
 
-
-def resolve_device(name):
-    if name == 'auto':
-        return torch.device('cuda' if torch.cuda.is_available() else 'cpu')
+def resolve_device_precision(device_name, precision):
     try:
-        device = torch.device(name)
+        device = torch.device(device_name.replace('auto', 'cuda' if torch.cuda.is_available()
+                                                  else 'cpu'))
     except RuntimeError:
-        raise ValueError(f"--device {name!r} is not a device; use auto, cpu, cuda or cuda:N") from None
+        raise ValueError(f'--device {device_name!r} is not a device; use auto, cpu, cuda or cuda:N')
     if device.type == 'cuda' and not torch.cuda.is_available():
-        raise ValueError(f'--device {name} asks for CUDA, but this torch ({torch.__version__}) sees no '
-                         'CUDA device; use --device cpu or auto.')
-    return device
-
-
-def resolve_precision(name, device):
-    if name != 'auto':
-        return name
-    if device.type == 'cuda':
-        return 'fp16'
-    try:  # bf16 convolutions are several times slower than fp32 on CPUs without native bf16
-        native_bf16 = torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    except (AttributeError, RuntimeError):
-        native_bf16 = False
-    return 'bf16' if native_bf16 else 'fp32'
-
+        raise ValueError(f'--device {device_name} asks for CUDA, but this torch '
+                         f'({torch.__version__}) sees no CUDA device; use --device cpu or auto.')
+    if precision == 'auto':  # without native bf16, bf16 convolutions are several times slower
+        native_bf16 = device.type == 'cpu' and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+        precision = 'fp16' if device.type == 'cuda' else 'bf16' if native_bf16 else 'fp32'
+    return device, precision
 
 def keep_freed_memory_in_process():
-    """Make glibc's malloc keep freed memory for reuse instead of returning it to the OS.
-
-    Why: glibc serves every allocation above its mmap threshold (32 MiB at most) with a fresh
-    mmap and unmaps it when freed. At batch 1024 most activations are far larger (the first
-    block's conv output is 252 MB in fp32), so on the CPU every training step page-faults and
-    zero-fills all of them again: measured here (2-core AMD EPYC, tools/step_bench.py) 5.98 s per
-    step with glibc's defaults, 4.48 s with this. Only where memory comes from changes, no value.
-    Returns whether the setting took (False where the C library is not glibc)."""
+    """Make glibc's malloc keep freed memory: by default each CPU training step would page-fault
+    and zero-fill its large activations anew (README.md, "CPU speed"). False without glibc."""
     try:
         libc = ctypes.CDLL(None)
         mallopt, _ = libc.mallopt, libc.gnu_get_libc_version  # both exist only in glibc
@@ -913,128 +617,86 @@ def keep_freed_memory_in_process():
     M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # from glibc's malloc.h
     return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
 
-
-def load_checkpoint(path, run, seed):
-    """The checkpoint an interrupted run left at path, if it is of this run and seed (else None:
-    nothing to resume, or a leftover of a run whose results are already in the log)."""
-    if not os.path.isfile(path):
-        return None
-    try:
-        checkpoint = torch.load(path, map_location='cpu', weights_only=False)
-    except Exception as error:
-        print(f'The checkpoint {path} is unreadable ({error}); run {run} starts from its beginning.')
-        return None
-    return checkpoint if (checkpoint.get('run'), checkpoint.get('seed')) == (run, seed) else None
-
-
-def dummy_dataset(num_classes, batch_size, num_test, device):
-    """Random images and labels for the warmup run: two training batches, and test images that
-    make evaluation batches of the same sizes as the real test set's (full batches, then the
-    remainder)."""
-    def split(n):
-        return {'images': torch.randint(0, 256, (n, 32, 32, 3), dtype=torch.uint8, device=device),
-                'labels': torch.randint(0, num_classes, (n,), device=device)}
-    full_batches = EVAL_BATCH_SIZE if num_test >= EVAL_BATCH_SIZE else 0
-    test_size = full_batches + num_test % EVAL_BATCH_SIZE
-    return {'train': split(2 * batch_size), 'test': split(test_size),
-            'classes': list(range(num_classes)), 'mean': CIFAR10_MEAN, 'std': CIFAR10_STD}
-
+def compiled_graph_count():
+    """Graphs torch.compile has compiled in this process (0 where nothing is compiled)."""
+    dynamo_utils = sys.modules.get('torch._dynamo.utils')
+    return dynamo_utils.counters['stats']['unique_graphs'] if dynamo_utils else 0
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = parse_args(argv)
     with open(os.path.abspath(__file__)) as f:
         code = f.read()
     try:
-        args, log_dir, previous_log = open_study(args, argv, code)
-        device = resolve_device(args.device)
-        run_hyp = apply_hyp_overrides(hyp, args.hyp)
-    except ValueError as error:
+        args = parse_args(argv)
+        device, precision = resolve_device_precision(args.device, args.precision)
+        run_hyp = study_hyp(args)
+        data = load_dataset(args.dataset, args.data_dir, args.train_splits.split(','))
+        num_train, num_test = len(data['train']['labels']), len(data['test']['labels'])
+        num_classes = len(data['classes'])
+        if num_train < run_hyp['opt']['batch_size']:
+            raise DataError(f"{num_train} training images make no full batch of "
+                            f"{run_hyp['opt']['batch_size']}; set --hyp opt.batch_size=N lower.")
+    except (ValueError, DataError) as error:
         sys.exit(f'error: {error}')
-    if args.epochs is not None:
-        run_hyp['opt']['train_epochs'] = args.epochs
-    if args.flip is not None:
-        run_hyp['aug']['flip'] = args.flip
-    elif args.dataset == 'svhn':
-        run_hyp['aug']['flip'] = 'none'  # as the paper does for SVHN
-    if args.tta_level is not None:
-        run_hyp['net']['tta_level'] = args.tta_level
-    precision = resolve_precision(args.precision, device)
-    if device.type == 'cpu':
-        keep_freed_memory_in_process()
-    if device.type == 'cuda':
-        torch.backends.cudnn.benchmark = not args.deterministic
+    keep_freed_memory_in_process()  # for the CPU's training steps; harmless beside a GPU
+    torch.backends.cudnn.benchmark = not args.deterministic
     if args.deterministic:
         os.environ.setdefault('CUBLAS_WORKSPACE_CONFIG', ':4096:8')
         torch.use_deterministic_algorithms(True)
-    if previous_log is not None:
-        base_seed = previous_log['base_seed']
-    elif args.seed is not None:
-        base_seed = args.seed
-    else:
-        base_seed = int.from_bytes(os.urandom(4), 'little') >> 1
+    base_seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), 'little') >> 1
+    log_dir, results = os.path.join(args.log_dir, str(uuid.uuid4())), []
+    data.update({split: {k: v.to(device) for k, v in data[split].items()}
+                 for split in ('train', 'test')})
+    config = dict(hyp=run_hyp, args=vars(args), argv=argv, device=str(device), precision=precision,
+                  torch_version=torch.__version__, script=os.path.basename(__file__),
+                  base_seed=base_seed, num_train=num_train, num_test=num_test)
+    print(f'device {device}, precision {precision}, torch {torch.__version__}, {num_train} train / '
+          f'{num_test} test images, {num_classes} classes, seed {base_seed}, log {log_dir}')
+    write_logs(log_dir, code, results, config, 'running')
+
+    def report(run, figures):
+        if not math.isfinite(figures['train_loss']):
+            raise FloatingPointError(f"run {run}: the training loss became {figures['train_loss']} "
+                                     f"in epoch {figures['epoch']}. Lower the learning rate (--hyp "
+                                     'opt.lr=...) or check the data; earlier runs are in the log.')
+        print(format_row({**figures, 'run': run if figures['epoch'] == 0 else None}))
 
     try:
-        data = load_dataset(args.dataset, args.data_dir, args.train_splits.split(','))
-    except DataError as error:
-        sys.exit(f'error: {error}')
-    data = {**data, 'train': {k: v.to(device) for k, v in data['train'].items()},
-            'test': {k: v.to(device) for k, v in data['test'].items()}}
-
-    config = dict(hyp=run_hyp, args=vars(args) | {'hyp': [f'{".".join(p)}={v!r}' for p, v in args.hyp]},
-                  argv=argv if previous_log is None else previous_log['argv'],
-                  device=str(device), precision=precision, torch_version=torch.__version__,
-                  script=os.path.basename(__file__), base_seed=base_seed,
-                  num_train=len(data['train']['labels']), num_test=len(data['test']['labels']))
-    print(f'device {device}, precision {precision}, torch {torch.__version__}, '
-          f'{config["num_train"]} train / {config["num_test"]} test images, '
-          f'{len(data["classes"])} classes, seed {base_seed}, log {log_dir}')
-    results = [] if previous_log is None else previous_log['runs']
-    checkpoint_path = os.path.join(log_dir, 'checkpoint.pt')
-    checkpoint = load_checkpoint(checkpoint_path, len(results), base_seed + len(results))
-    if previous_log is not None:
-        print(f'Resuming: {len(results)} of {args.runs} runs finished'
-              + (f"; run {checkpoint['run']} continues after epoch {checkpoint['epoch']}"
-                 if checkpoint else ''))
-    status = 'finished' if len(results) == args.runs else 'running'
-    write_logs(log_dir, code, results, config, status)  # a study killed in its first run can resume
-
-    try:
-        print(format_row())
-        if args.warmup:  # on dummy data, untimed: first-call costs (allocation, kernel selection)
-            warmup_data = dummy_dataset(len(data['classes']), run_hyp['opt']['batch_size'],
-                                        config['num_test'], device)
-            train('warmup', warmup_data, run_hyp, device, precision, seed=base_seed, epoch_eval=False,
-                  log=lambda line: None)  # silent: its rows are about dummy data
-        for run in range(len(results), args.runs):
-            result = train(run, data, run_hyp, device, precision, seed=base_seed + run,
-                           epoch_eval=args.epoch_eval, checkpoint_path=checkpoint_path,
-                           resume=checkpoint if checkpoint and checkpoint['run'] == run else None)
-            results.append({k: v for k, v in result.items() if k != 'net'})
+        net = build_net(run_hyp['net'], num_classes, device, precision)
+        start_time, graphs_before = time.perf_counter(), compiled_graph_count()
+        if args.warmup:  # untimed: first-call costs (allocation, kernel selection, compilation)
+            dummy = dummy_dataset(num_classes, run_hyp['opt']['batch_size'], num_test, device)
+            train(dummy, run_hyp, device, precision, base_seed, net, args.epoch_eval)
+        config['warmup_seconds'] = time.perf_counter() - start_time
+        config['graphs_compiled_in_warmup'] = compiled_graph_count() - graphs_before
+        graphs_before = compiled_graph_count()
+        print(f"warmup: {config['warmup_seconds']:.1f} s, {config['graphs_compiled_in_warmup']} "
+              f'graphs compiled\n{format_row()}')
+        for run in range(args.runs):
+            result = train(data, run_hyp, device, precision, base_seed + run, net, args.epoch_eval,
+                           on_epoch=lambda figures: report(run, figures))
+            result['graphs_compiled_since_warmup'] = compiled_graph_count() - graphs_before
+            results.append({key: value for key, value in result.items() if key != 'net'})
+            print(format_row({**result, 'epoch': 'eval'}))
             status = 'finished' if len(results) == args.runs else 'running'
             write_logs(log_dir, code, results, config, status)
-            os.remove(checkpoint_path)  # only after the run's results are in the log
     except KeyboardInterrupt:
         status = 'interrupted'
-        print(f'\nInterrupted: {len(results)} of {args.runs} runs finished and are in the log; '
-              f'continue with --resume {log_dir}')
-    except TrainingDiverged as error:
+        print(f'\nInterrupted: {len(results)} of {args.runs} runs finished and are in the log')
+    except FloatingPointError as error:  # from report()
         status = 'diverged'
         print(f'\nerror: {error}')
     write_logs(log_dir, code, results, config, status)
-
-    for name, values, digits in (('TTA accuracy', [r['tta_val_acc'] for r in results], 4),
-                                 ('Timed seconds', [r['time_seconds'] for r in results], 3)):
-        stats = describe(values)
-        if stats['n'] == 1:
-            print(f"{name}: {stats['mean']:.{digits}f} (n 1)")
-        elif stats['n'] > 1:
-            low, high = stats['ci95']
-            print(f"{name}: mean {stats['mean']:.{digits}f}  std {stats['std']:.{digits}f}  "
-                  f"n {stats['n']}  95% CI [{low:.{digits}f}, {high:.{digits}f}]")
+    for name, key, d in (('TTA accuracy', 'tta_val_acc', 4),
+                         ('Timed seconds', 'total_time_seconds', 3)):
+        stats = describe([r[key] for r in results])
+        if stats['n'] > 1:
+            print(f"{name}: mean {stats['mean']:.{d}f}  std {stats['std']:.{d}f}  n {stats['n']}  "
+                  f"95% CI [{stats['ci95'][0]:.{d}f}, {stats['ci95'][1]:.{d}f}]")
+        elif stats['n'] == 1:
+            print(f"{name}: {stats['mean']:.{d}f} (n 1)")
     print(f'Log: {os.path.abspath(log_dir)}')
     return {'finished': 0, 'diverged': 1, 'interrupted': 130}[status]
-
 
 if __name__ == '__main__':
     sys.exit(main())

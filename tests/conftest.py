@@ -1,12 +1,24 @@
-"""Shared fixtures: the scripts under test (imported as modules) and small synthetic datasets."""
+"""Shared helpers: the scripts under test (imported as modules), small datasets, and running a
+script as a user does."""
+import copy
 import importlib.util
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = ['airbench94', 'airbench94_compiled', 'airbench95', 'airbench96']
+CPU = torch.device('cpu')
+
+# A quick schedule on the synthetic image folder: 384 training images in batches of 64, 4 epochs
+QUICK = ['--hyp', 'opt.batch_size=64', '--epochs', '4', '--device', 'cpu', '--no-warmup']
+# The quickest complete run: one epoch of batches of 32, no warmup, no TTA
+TINY = ['--hyp', 'opt.batch_size=32', '--epochs', '1', '--no-warmup', '--no-epoch-eval',
+        '--hyp', 'net.tta_level=0', '--device', 'cpu']
 
 
 def load_script(name):
@@ -25,6 +37,21 @@ def script(request):
 @pytest.fixture
 def ab94():
     return load_script('airbench94')
+
+
+def with_hyp(hyp, **settings):
+    """A copy of hyp with settings given as group__key=value, e.g. opt__batch_size=32."""
+    hyp = copy.deepcopy(hyp)
+    for key, value in settings.items():
+        group, name = key.split('__')
+        hyp[group][name] = value
+    return hyp
+
+
+def quick_train(script, data, seed=0, net=None, **settings):
+    """train() on a small dataset: batches of 32 and 4 epochs unless settings say otherwise."""
+    hyp = with_hyp(script.hyp, **{'opt__batch_size': 32, 'opt__train_epochs': 4, **settings})
+    return script.train(data, hyp, CPU, 'fp32', seed, net=net, epoch_eval=False)
 
 
 def write_image_folder(root, num_classes=4, train_per_class=96, test_per_class=32, size=32, seed=0,
@@ -64,6 +91,16 @@ def tiny_dataset(num_classes=2, per_class=32):
             'mean': (0.5,) * 3, 'std': (0.25,) * 3}
 
 
-# Flags for the quickest complete run: one epoch of batches of 32, no warmup, no TTA
-TINY = ['--hyp', 'opt.batch_size=32', '--epochs', '1', '--no-warmup', '--no-epoch-eval',
-        '--tta-level', '0', '--device', 'cpu']
+def run_script(name, *args, timeout=600):
+    return subprocess.run([sys.executable, os.path.join(REPO, f'{name}.py'), *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def study_dir(log_dir):
+    """The one study directory a run of a script made under log_dir."""
+    (directory,) = list(log_dir.iterdir())
+    return directory
+
+
+def summary_of(log_dir):
+    return json.loads((study_dir(log_dir) / 'summary.json').read_text())

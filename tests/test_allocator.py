@@ -8,7 +8,7 @@ property, and unlike page-fault counts it does not depend on whether the kernel 
 with huge pages (CI saw default-malloc fault counts from 4,892 to 73,208 per step for the same work).
 
 Each measurement runs in a subprocess, since the setting is process-wide and would otherwise leak
-into the other tests. The function is a shared block (identical in every script, test_method
+into the other tests. The function is below the banner (identical in every script, test_layout
 checks that), so airbench94's is measured here."""
 import os
 import subprocess
@@ -26,9 +26,7 @@ spec = importlib.util.spec_from_file_location('script', sys.argv[1])
 ab = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(ab)
 took = ab.keep_freed_memory_in_process() if sys.argv[2] == 'keep' else None
-arch = ab.hyp['net']
-net = ab.make_net(arch['widths'], 10, arch['batchnorm_momentum'], arch['scaling_factor'])
-net = ab.to_device_precision(net, torch.device('cpu'), 'fp32')
+net = ab.build_net(ab.hyp['net'], 10, torch.device('cpu'), 'fp32')
 optimizer = torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9, nesterov=True)
 inputs = torch.randn(256, 3, 32, 32).contiguous(memory_format=torch.channels_last)
 labels = torch.randint(0, 10, (256,))

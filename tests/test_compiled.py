@@ -1,7 +1,9 @@
-"""airbench94_compiled: the same training as airbench94, and no recompilation after the warmup."""
-import json
+"""airbench94_compiled: the same training as airbench94, every graph compiled in the warmup, with
+static shapes."""
+import torch
+from torch import nn
 
-from test_end_to_end import QUICK, run_script
+from conftest import QUICK, load_script, run_script, summary_of, tiny_dataset
 
 # Pinned to fp32: compiled kernels sum in another order than eager ones, so each op's result can
 # differ in the last bits (~1e-7 relative); over these 4 epochs the per-epoch mean losses differed
@@ -12,23 +14,52 @@ from test_end_to_end import QUICK, run_script
 LOSS_RTOL = 1e-4
 
 
-def summary_of(log_dir):
-    (run_dir,) = list(log_dir.iterdir())
-    return json.loads((run_dir / 'summary.json').read_text())
-
-
 def test_compiled_matches_eager_and_never_recompiles_after_warmup(image_folder, tmp_path):
     outcomes = {}
     for name in ('airbench94', 'airbench94_compiled'):
         result = run_script(name, '--data-dir', image_folder, '--runs', '2', '--seed', '7',
-                            '--log-dir', str(tmp_path / name), '--precision', 'fp32', *QUICK)
+                            '--log-dir', str(tmp_path / name), '--precision', 'fp32', *QUICK[:-1])
         assert result.returncode == 0, result.stderr
         outcomes[name] = summary_of(tmp_path / name)
-    eager, compiled = outcomes['airbench94']['runs'], outcomes['airbench94_compiled']['runs']
-    for eager_run, compiled_run in zip(eager, compiled):
+    eager, compiled = outcomes['airbench94'], outcomes['airbench94_compiled']
+    for eager_run, compiled_run in zip(eager['runs'], compiled['runs']):
         assert eager_run['seed'] == compiled_run['seed']
         for a, b in zip(eager_run['epoch_train_losses'], compiled_run['epoch_train_losses']):
             assert abs(a - b) <= LOSS_RTOL * abs(a)
-    # Both runs crossed the whitening-bias freeze (epoch 3 of 4) inside their timed region
-    assert [r['graphs_compiled_since_warmup'] for r in compiled] == [0, 0]
-    assert outcomes['airbench94_compiled']['compile_seconds'] > 0
+    # Both runs crossed the whitening-bias freeze (epoch 3 of 4) inside their timed region;
+    # training (bias trained, frozen) and evaluation (before and after the freeze: the parameter's
+    # requires_grad is part of the graph's guards) at the one test batch size make 4 graphs
+    assert compiled['graphs_compiled_in_warmup'] == 4
+    assert [r['graphs_compiled_since_warmup'] for r in compiled['runs']] == [0, 0]
+    assert eager['graphs_compiled_in_warmup'] == 0
+
+
+def test_every_graph_static_and_compiled_in_the_warmup(tmp_path, monkeypatch):
+    """Evaluation batches of two sizes (2000 and a remainder) and the whitening-bias freeze: with
+    dynamo's automatic dynamic shapes the second size met would recompile the graph with a symbolic
+    batch size. A recording backend sees each graph's example inputs."""
+    compiled = load_script('airbench94_compiled')
+    graphs = []
+
+    def recording_backend(graph_module, example_inputs):
+        graphs.append([tuple(t.shape) for t in example_inputs if isinstance(t, torch.Tensor)])
+        return graph_module.forward
+
+    compile_module = nn.Module.compile
+    monkeypatch.setattr(nn.Module, 'compile', lambda self, mode=None, **kwargs:
+                        compile_module(self, backend=recording_backend, **kwargs))
+    data = tiny_dataset(per_class=32)
+    test = tiny_dataset(per_class=1050)['train']  # 2100 test images: batches of 2000 and 100
+    monkeypatch.setattr(compiled, 'load_dataset', lambda *args, **kwargs: {**data, 'test': test})
+    code = compiled.main(['--runs', '1', '--seed', '0', '--hyp', 'opt.batch_size=32', '--epochs',
+                          '4', '--device', 'cpu', '--precision', 'fp32', '--log-dir', str(tmp_path)])
+    assert code == 0
+    summary = summary_of(tmp_path)
+    assert summary['graphs_compiled_in_warmup'] == len(graphs) == 6
+    assert summary['runs'][0]['graphs_compiled_since_warmup'] == 0
+    batch_sizes = sorted({shape[0] for shapes in graphs for shape in shapes
+                          if tuple(shape[1:]) == (3, 32, 32)})  # the images among the inputs
+    assert batch_sizes == [32, 100, 2000]
+    symbolic = [size for shapes in graphs for shape in shapes for size in shape
+                if isinstance(size, torch.SymInt)]
+    assert symbolic == []

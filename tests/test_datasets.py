@@ -5,8 +5,7 @@ import os
 import pytest
 import torch
 
-from conftest import TINY, tiny_dataset, write_image_folder
-from test_end_to_end import QUICK, run_script
+from conftest import CPU, QUICK, TINY, run_script, summary_of, tiny_dataset, with_hyp, write_image_folder
 
 
 def test_class_count_comes_from_the_data_and_sets_the_head(ab94, tmp_path):
@@ -14,9 +13,8 @@ def test_class_count_comes_from_the_data_and_sets_the_head(ab94, tmp_path):
                               test_per_class=2)
     data = ab94.load_dataset('folder', root)
     assert data['classes'] == [f'class_{i}' for i in range(7)]
-    result = ab94.train(0, data, {**ab94.hyp, 'opt': {**ab94.hyp['opt'], 'batch_size': 7,
-                                                       'train_epochs': 1}},
-                        torch.device('cpu'), 'fp32', seed=0, epoch_eval=False, log=lambda *a: None)
+    result = ab94.train(data, with_hyp(ab94.hyp, opt__batch_size=7, opt__train_epochs=1), CPU,
+                        'fp32', seed=0, epoch_eval=False)
     assert result['net'][-2].out_features == 7
 
 
@@ -50,22 +48,23 @@ def test_torchvision_datasets_use_training_set_statistics(ab94, tmp_path, monkey
         data = tiny_dataset(num_classes=10)
         return {'train': data['train'], 'test': data['test'], 'classes': data['classes']}
     monkeypatch.setattr(ab94, 'read_torchvision_dataset', fake_read)
+    pixels = tiny_dataset(num_classes=10)['train']['images'].double().div(255).reshape(-1, 3)
     for name in ('cifar100', 'svhn'):
         data = ab94.load_dataset(name, str(tmp_path / name))
-        assert data['mean'] == pytest.approx(ab94.channel_stats(data['train']['images'])[0])
+        assert data['mean'] == pytest.approx(tuple(pixels.mean(0).tolist()))
+        assert data['std'] == pytest.approx(tuple(pixels.std(0).tolist()))
         assert os.path.exists(tmp_path / name / 'airbench_cache.pt')
 
 
 def test_svhn_turns_flipping_off_unless_asked(ab94, tmp_path, monkeypatch):
     monkeypatch.setattr(ab94, 'load_dataset', lambda *a, **k: tiny_dataset())
     flips = {}
-    for flags in ([], ['--flip', 'random']):
+    for flags in ([], ['--hyp', 'aug.flip=random']):
         log_dir = tmp_path / str(len(flips))
         assert ab94.main(['--dataset', 'svhn', '--runs', '1', '--log-dir', str(log_dir), *TINY,
                           *flags]) == 0
-        (run_dir,) = list(log_dir.iterdir())
-        flips[tuple(flags)] = json.loads((run_dir / 'summary.json').read_text())['hyp']['aug']['flip']
-    assert flips == {(): 'none', ('--flip', 'random'): 'random'}
+        flips[tuple(flags)] = summary_of(log_dir)['hyp']['aug']['flip']
+    assert flips == {(): 'none', ('--hyp', 'aug.flip=random'): 'random'}
 
 
 def test_same_seed_same_results_different_seed_different(image_folder, tmp_path):
@@ -75,8 +74,7 @@ def test_same_seed_same_results_different_seed_different(image_folder, tmp_path)
         result = run_script('airbench94', '--data-dir', image_folder, '--runs', '2', '--seed', seed,
                             '--log-dir', str(log_dir), *QUICK, '--epochs', '1')
         assert result.returncode == 0, result.stderr
-        (run_dir,) = list(log_dir.iterdir())
-        runs = json.loads((run_dir / 'summary.json').read_text())['runs']
+        runs = summary_of(log_dir)['runs']
         outcomes.append([(r['seed'], r['tta_val_acc'], r['epoch_train_losses']) for r in runs])
     assert outcomes[0] == outcomes[1]  # bitwise: the same floats, not merely close
     assert outcomes[0][0][2] != outcomes[0][1][2]  # the two runs of a study differ (seeds 11, 12)

@@ -10,8 +10,7 @@ import time
 import pytest
 import torch
 
-from conftest import REPO, TINY, tiny_dataset, write_image_folder
-from test_end_to_end import QUICK, run_script
+from conftest import QUICK, REPO, TINY, run_script, study_dir, summary_of, tiny_dataset, write_image_folder
 
 
 def test_missing_data_without_network_says_how_to_provide_it(ab94, tmp_path):
@@ -93,6 +92,9 @@ def test_stale_cache_is_rebuilt_when_the_folder_changes(ab94, image_folder):
     (['--dataset', 'folder'], '--dataset folder needs --data-dir'),
     (['--hyp', 'opt.learning_rate=3'], 'no such hyperparameter'),
     (['--hyp', 'opt.lr'], '--hyp takes KEY=VALUE'),
+    (['--hyp', 'lr=3'], '--hyp lr: no such hyperparameter'),
+    (['--hyp', 'aug.flip=sideways'], "--hyp aug.flip takes 'alternating', 'random' or 'none'"),
+    (['--hyp', 'net.tta_level=3'], '--hyp net.tta_level takes 0, 1 or 2'),
 ])
 def test_nonsensical_flags(flags, message, tmp_path):
     args = flags if '--dataset' in flags else ['--data-dir', str(tmp_path), *flags]
@@ -124,25 +126,24 @@ def test_diverging_loss_stops_with_a_message(image_folder, tmp_path):
     assert result.returncode == 1
     assert 'the training loss became nan' in result.stdout or 'became inf' in result.stdout
     assert 'Lower the learning rate' in result.stdout and 'Traceback' not in result.stderr
-    (run_dir,) = list((tmp_path / 'logs').iterdir())
-    summary = json.loads((run_dir / 'summary.json').read_text())
+    summary = summary_of(tmp_path / 'logs')
     assert summary['status'] == 'diverged' and summary['runs_finished'] == 0
 
 
 def test_divergence_in_a_later_run_keeps_the_earlier_runs(ab94, tmp_path, monkeypatch):
     monkeypatch.setattr(ab94, 'load_dataset', lambda *a, **k: tiny_dataset())
-    real_train, calls = ab94.train, []
+    real_train, seeds = ab94.train, []
 
-    def train_diverging_on_second_run(run, *args, **kwargs):
-        calls.append(run)
-        if len(calls) == 2:
-            raise ab94.TrainingDiverged(f'run {run}: the training loss became nan')
-        return real_train(run, *args, **kwargs)
+    def train_diverging_on_second_run(data, hyp, device, precision, seed, *args, **kwargs):
+        seeds.append(seed)
+        if len(seeds) == 2:  # the loss the second run reports after its first epoch
+            kwargs['on_epoch'](dict(epoch=0, train_loss=float('nan')))
+        return real_train(data, hyp, device, precision, seed, *args, **kwargs)
 
     monkeypatch.setattr(ab94, 'train', train_diverging_on_second_run)
     code = ab94.main(['--runs', '3', '--seed', '5', '--log-dir', str(tmp_path), *TINY])
-    assert code == 1 and calls == [0, 1]
-    (run_dir,) = list(tmp_path.iterdir())
+    assert code == 1 and seeds == [5, 6]
+    run_dir = study_dir(tmp_path)
     summary = json.loads((run_dir / 'summary.json').read_text())
     log = torch.load(run_dir / 'log.pt', weights_only=False)
     assert summary['status'] == 'diverged' and summary['runs_finished'] == 1
@@ -179,19 +180,22 @@ def test_ctrl_c_keeps_finished_runs_and_says_how_many(image_folder, tmp_path):
     assert process.returncode == 130, stderr
     assert summary['status'] == 'interrupted' and 1 <= summary['runs_finished'] < 50
     assert f"Interrupted: {summary['runs_finished']} of 50 runs finished" in stdout
-    assert f'continue with --resume {summary_path.parent}' in stdout
+    log = torch.load(summary_path.parent / 'log.pt', weights_only=False)
+    assert log['status'] == 'interrupted' and len(log['runs']) == summary['runs_finished']
     assert 'Traceback' not in stderr
     assert not [p for p in summary_path.parent.iterdir() if '.tmp' in p.name]  # no half-written file
 
 
-def test_logs_are_replaced_atomically(ab94, tmp_path, monkeypatch):
+def test_logs_are_replaced_atomically(ab94, tmp_path):
     path = tmp_path / 'summary.json'
-    ab94.atomic_write_json({'old': 1}, str(path))
+    ab94.atomic_write(str(path), lambda temporary: json.dump({'old': 1}, open(temporary, 'w')))
 
-    def crash(*args, **kwargs):
+    def write_then_crash(temporary):
+        with open(temporary, 'w') as f:
+            f.write('{"new": ')
         raise OSError('disk full')
 
-    monkeypatch.setattr(ab94.json, 'dump', crash)
     with pytest.raises(OSError):
-        ab94.atomic_write_json({'new': 2}, str(path))
+        ab94.atomic_write(str(path), write_then_crash)
     assert json.loads(path.read_text()) == {'old': 1}  # the previous log survives a failed write
+    assert list(tmp_path.iterdir()) == [path]  # and no temporary file is left

@@ -1,4 +1,8 @@
-"""Properties of the method that every script shares: each test would fail on a broken implementation."""
+"""Properties of the method, each of which a broken implementation fails.
+
+The method blocks the scripts share are identical to airbench94.py's (tests/test_layout.py), so
+their properties are checked once, on airbench94; what differs between the scripts (the network,
+the hyperparameters) is checked for each."""
 import math
 
 import pytest
@@ -13,11 +17,9 @@ FEATURE_MAP_SIZES = [31, 15, 7, 3]
 
 
 def build(script, num_classes=10):
-    arch = script.hyp['net']
-    net = script.make_net(arch['widths'], num_classes, arch['batchnorm_momentum'],
-                          arch['scaling_factor'])
-    script.init_identity(net)
-    return net
+    arch = script.hyp['net']  # make_net applies the identity init itself
+    return script.make_net(arch['widths'], num_classes, arch['batchnorm_momentum'],
+                           arch['scaling_factor'])
 
 
 def test_output_and_feature_map_shapes(script):
@@ -75,7 +77,7 @@ def orientation_dataset(n):
 def orientations_per_epoch(script, flip, epochs, n=2000, batch_size=100):
     images, ids = orientation_dataset(n)
     loader = script.CifarLoader(images, ids, batch_size, (0.5,) * 3, (0.5,) * 3,
-                                aug={'flip': flip}, train=True)
+                                {'flip': flip, 'translate': 0, 'cutout': 0})
     result = []
     for _ in range(epochs):
         flipped = torch.empty(n, dtype=torch.bool)
@@ -88,7 +90,8 @@ def orientations_per_epoch(script, flip, epochs, n=2000, batch_size=100):
     return result
 
 
-def test_alternating_flip_shows_both_orientations_in_consecutive_epochs(script):
+def test_alternating_flip_shows_both_orientations_in_consecutive_epochs(ab94):
+    script = ab94
     torch.manual_seed(0)
     epochs = orientations_per_epoch(script, 'alternating', 5)
     assert abs(epochs[0].float().mean().item() - 0.5) < 0.05  # epoch 0 flips about half
@@ -96,7 +99,8 @@ def test_alternating_flip_shows_both_orientations_in_consecutive_epochs(script):
         assert torch.all(previous != current)
 
 
-def test_random_flip_repeats_orientations(script):
+def test_random_flip_repeats_orientations(ab94):
+    script = ab94
     # The control: with the usual coin per epoch, about half the images keep their orientation
     torch.manual_seed(0)
     epochs = orientations_per_epoch(script, 'random', 2)
@@ -105,7 +109,8 @@ def test_random_flip_repeats_orientations(script):
 
 
 @pytest.mark.parametrize('pad', [2, 4])
-def test_translation_is_a_uniform_reflect_pad_crop_within_pad(script, pad):
+def test_translation_is_a_uniform_reflect_pad_crop_within_pad(ab94, pad):
+    script = ab94
     torch.manual_seed(0)
     n = 3000
     images = torch.randn(n, 3, 32, 32)
@@ -122,11 +127,12 @@ def test_translation_is_a_uniform_reflect_pad_crop_within_pad(script, pad):
         assert marginal.min() > 0.8 * expected and marginal.max() < 1.2 * expected
 
 
-def test_loader_translation_uses_reflect_padding(script):
+def test_loader_translation_uses_reflect_padding(ab94):
+    script = ab94
     torch.manual_seed(0)
     images = torch.randint(0, 256, (64, 32, 32, 3), dtype=torch.uint8)
     loader = script.CifarLoader(images, torch.arange(64), 64, (0.0,) * 3, (1.0,) * 3,
-                                aug={'translate': 2}, train=True)
+                                {'flip': 'none', 'translate': 2, 'cutout': 0})
     batch, ids = next(iter(loader))
     source = images[ids].permute(0, 3, 1, 2).float() / 255
     windows = F.pad(source, (2,) * 4, mode='reflect').unfold(2, 32, 1).unfold(3, 32, 1)
@@ -134,7 +140,8 @@ def test_loader_translation_uses_reflect_padding(script):
     assert torch.all(matches.flatten(1).any(1))
 
 
-def test_cutout_zeroes_one_square_inside_the_image_at_a_uniform_position(script):
+def test_cutout_zeroes_one_square_inside_the_image_at_a_uniform_position(ab94):
+    script = ab94
     torch.manual_seed(0)
     n, size = 4000, 12
     images = torch.rand(n, 3, 32, 32) + 0.5  # no zeros before cutout
@@ -154,7 +161,8 @@ def test_cutout_zeroes_one_square_inside_the_image_at_a_uniform_position(script)
     assert torch.bincount(left).min() > 0.6 * expected
 
 
-def test_whitening_layer_is_w_and_minus_w_and_whitens_patches(script):
+def test_whitening_layer_is_w_and_minus_w_and_whitens_patches(ab94):
+    script = ab94
     torch.manual_seed(0)
     # Correlated channels, so whitening has work to do
     mixing = torch.tensor([[1.0, 0.8, 0.3], [0.0, 0.6, 0.5], [0.0, 0.0, 0.4]])
@@ -194,7 +202,8 @@ def test_identity_init(script):
             assert rest.abs().max() <= bound and rest.std() > 0.3 * bound
 
 
-def test_lookahead_arithmetic(script):
+def test_lookahead_arithmetic(ab94):
+    script = ab94
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2))
     lookahead = script.LookaheadState(net)
@@ -221,13 +230,15 @@ def test_lookahead_arithmetic(script):
         assert torch.equal(net.state_dict()[name], before[name])
 
 
-def test_lookahead_decay_schedule(script):
+def test_lookahead_decay_schedule(ab94):
+    script = ab94
     assert script.lookahead_decay(0, 100) == 0
     assert script.lookahead_decay(100, 100) == pytest.approx(0.95**5)
     assert script.lookahead_decay(50, 100) == pytest.approx(0.95**5 / 8)
 
 
-def test_lr_schedule_endpoints_and_peak(script):
+def test_lr_schedule_endpoints_and_peak(ab94):
+    script = ab94
     total = 476  # ceil(48 * 9.9)
     schedule = script.lr_schedule(total)
     peak = int(0.23 * total)
@@ -278,7 +289,8 @@ class TinyNet(nn.Module):
         return self.linear(torch.tanh(self.conv(x)).flatten(1))
 
 
-def test_tta_levels_are_the_weighted_means_of_the_views(script):
+def test_tta_levels_are_the_weighted_means_of_the_views(ab94):
+    script = ab94
     torch.manual_seed(0)
     net = TinyNet()
     images = torch.randn(10, 3, 32, 32)
@@ -294,50 +306,6 @@ def test_tta_levels_are_the_weighted_means_of_the_views(script):
         got = script.infer(net, images, level, autocast, batch_size=4)  # batches of 4, 4, 2
         assert torch.allclose(got, logits, atol=1e-5), level
     assert not torch.allclose(expected[2], expected[1], atol=1e-3)  # the views do differ
-    with pytest.raises(ValueError):
-        script.infer(net, images, 3, autocast)
-
-
-def test_cuda_precision_recipe_takes_a_training_step_on_the_cpu(script):
-    """The paper's CUDA recipe: fp16 weights and activations, BatchNorm in fp32, channels_last."""
-    torch.manual_seed(0)
-    device = torch.device('cpu')
-    net = script.to_device_precision(build(script), device, 'fp16')
-    for module in net.modules():
-        expected = torch.float32 if isinstance(module, nn.BatchNorm2d) else torch.float16
-        for p in module.parameters(recurse=False):
-            assert p.dtype == expected
-    groups = script.decoupled_sgd_groups(net, 11.5, 0.0153, 0.85, 16, 64.0)
-    optimizer = torch.optim.SGD(groups, momentum=0.85, nesterov=True)
-    inputs = torch.randn(16, 3, 32, 32, dtype=script.input_dtype('fp16'))
-    labels = torch.randint(0, 10, (16,))
-    before = net[2].conv1.weight.detach().clone()
-    with script.autocast_context(device, 'fp16'):
-        outputs = net(inputs)
-    loss = F.cross_entropy(outputs.float(), labels, label_smoothing=0.2, reduction='sum')
-    loss.backward()
-    optimizer.step()
-    assert outputs.dtype == torch.float16 and torch.isfinite(loss)
-    assert not torch.equal(net[2].conv1.weight, before)
-    assert net[2].conv1.weight.dtype == torch.float16 and net[2].norm1.bias.dtype == torch.float32
-
-
-def test_hyperparameters_match_the_spec(script):
-    opt, aug, arch = script.hyp['opt'], script.hyp['aug'], script.hyp['net']
-    assert opt['batch_size'] == 1024 and opt['momentum'] == 0.85 and opt['label_smoothing'] == 0.2
-    assert opt['weight_decay'] == 0.0153 and opt['bias_scaler'] == 64.0
-    assert opt['whiten_bias_epochs'] == 3 and opt['lookahead_every'] == 5
-    assert arch['batchnorm_momentum'] == 0.6 and arch['scaling_factor'] == 1 / 9
-    assert arch['whiten_eps'] == 5e-4 and arch['tta_level'] == 2
-    assert aug['flip'] == 'alternating'
-    expected = {'airbench94': (9.9, 11.5, {'block1': 64, 'block2': 256, 'block3': 256}, 2, 0),
-                'airbench94_compiled': (9.9, 11.5, {'block1': 64, 'block2': 256, 'block3': 256}, 2, 0),
-                'airbench95': (15, 10.0, {'block1': 128, 'block2': 384, 'block3': 384}, 2, 0),
-                'airbench96': (40, 9.0, {'block1': 128, 'block2': 512, 'block3': 512}, 4, 12)}
-    epochs, lr, widths, translate, cutout = expected[script.__name__]
-    assert (opt['train_epochs'], opt['lr'], arch['widths'], aug['translate'], aug['cutout']) == \
-        (epochs, lr, widths, translate, cutout)
-
 
 
 def test_airbench96_block_output_is_its_two_paths_summed():
@@ -358,51 +326,66 @@ def test_airbench96_block_output_is_its_two_paths_summed():
     assert sum(isinstance(m, nn.Conv2d) for m in block.modules()) == 3
 
 
-def test_shared_blocks_are_identical_across_scripts():
-    import importlib.util
-    import os
-    from conftest import REPO
-    spec = importlib.util.spec_from_file_location('shared', os.path.join(REPO, 'tools', 'shared_blocks.py'))
-    shared = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(shared)
-    for name in shared.METHOD_DIFFERENCES:
-        assert shared.differences(name) == []
-    assert shared.sections(shared.read('airbench94')) == [
-        'Hyperparameters', 'Data loading and augmentation', 'Network',
-        'Initialization (whitening, identity)', 'Lookahead', 'Evaluation and TTA', 'Training',
-        'Logging', 'Main']
+def test_airbench94_hyperparameters_are_the_papers(ab94):
+    opt, aug, arch = ab94.hyp['opt'], ab94.hyp['aug'], ab94.hyp['net']
+    assert opt == dict(train_epochs=9.9, batch_size=1024, lr=11.5, momentum=0.85,
+                       weight_decay=0.0153, bias_scaler=64.0, label_smoothing=0.2,
+                       whiten_bias_epochs=3, lookahead_every=5)
+    assert aug == dict(flip='alternating', translate=2, cutout=0)
+    assert arch == dict(widths={'block1': 64, 'block2': 256, 'block3': 256}, batchnorm_momentum=0.6,
+                        scaling_factor=1 / 9, whiten_eps=5e-4, tta_level=2)
 
 
-def test_shared_block_check_detects_a_drifted_copy(tmp_path, monkeypatch):
-    import importlib.util
-    import os
-    import shutil
-    from conftest import REPO
-    spec = importlib.util.spec_from_file_location('shared', os.path.join(REPO, 'tools', 'shared_blocks.py'))
-    shared = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(shared)
-    for name in ('airbench94', 'airbench95'):
-        shutil.copy(os.path.join(REPO, f'{name}.py'), tmp_path)
-    drifted = (tmp_path / 'airbench95.py').read_text().replace('return 0.95**5 *', 'return 0.9**5 *')
-    (tmp_path / 'airbench95.py').write_text(drifted)
-    monkeypatch.setattr(shared, 'REPO', str(tmp_path))
-    assert shared.differences('airbench95') == ["airbench95: block 'lookahead_decay' differs from airbench94.py"]
-    shared.sync('airbench95')
-    assert shared.differences('airbench95') == []
+# What each script's header lists as its changes relative to airbench94, and nothing else
+CHANGES = {
+    'airbench94': {},
+    'airbench94_compiled': {},
+    'airbench95': {('opt', 'train_epochs'): 15, ('opt', 'lr'): 10.0,
+                   ('net', 'widths'): {'block1': 128, 'block2': 384, 'block3': 384}},
+    'airbench96': {('opt', 'train_epochs'): 40, ('opt', 'lr'): 9.0, ('aug', 'translate'): 4,
+                   ('aug', 'cutout'): 12,
+                   ('net', 'widths'): {'block1': 128, 'block2': 512, 'block3': 512}},
+}
 
 
-def test_a_reused_network_trains_exactly_like_a_fresh_one(script):
-    """What the compiled script relies on: reinitializing a trained network (whose whitening bias
-    ended frozen) and training it again gives the same run as a freshly built network."""
-    from conftest import tiny_dataset
+def test_hyperparameters_differ_from_airbench94_only_as_the_header_says(script, ab94):
+    differences = {(group, key): value for group in script.hyp
+                   for key, value in script.hyp[group].items() if ab94.hyp[group][key] != value}
+    assert differences == CHANGES[script.__name__]
+    assert all(group in ab94.hyp and set(keys) == set(ab94.hyp[group])
+               for group, keys in script.hyp.items())
+
+
+def test_a_reused_network_trains_exactly_like_a_fresh_one(ab94):
+    """Every study builds its network once and reinitializes it per run: training a trained
+    network again (its whitening bias ended frozen) from a seed must give that seed's fresh run."""
+    from conftest import quick_train, tiny_dataset
     data = tiny_dataset()
-    hyp = {**script.hyp, 'opt': {**script.hyp['opt'], 'batch_size': 32, 'train_epochs': 4},
-           'net': {**script.hyp['net'], 'tta_level': 0}}
-    quiet = dict(epoch_eval=False, log=lambda *a: None)
-    fresh = script.train(0, data, hyp, torch.device('cpu'), 'fp32', seed=3, **quiet)
+    fresh = quick_train(ab94, data, seed=3, net__tta_level=0)
     assert not fresh['net'][0].bias.requires_grad  # frozen after 3 epochs
-    again = script.train(0, data, hyp, torch.device('cpu'), 'fp32', seed=3, net=fresh['net'], **quiet)
+    again = quick_train(ab94, data, seed=3, net=fresh['net'], net__tta_level=0)
     assert again['epoch_train_losses'] == fresh['epoch_train_losses']
     assert again['tta_val_acc'] == fresh['tta_val_acc']
-    other = script.train(0, data, hyp, torch.device('cpu'), 'fp32', seed=4, **quiet)
+    other = quick_train(ab94, data, seed=4, net__tta_level=0)
     assert other['epoch_train_losses'] != fresh['epoch_train_losses']
+
+
+def test_on_epoch_gets_each_epochs_figures_and_can_stop_the_run(ab94):
+    from conftest import CPU, tiny_dataset, with_hyp
+    hyp = with_hyp(ab94.hyp, opt__batch_size=32, opt__train_epochs=2.5)  # 2 steps per epoch
+    seen = []
+    result = ab94.train(tiny_dataset(), hyp, CPU, 'fp32', 0, on_epoch=seen.append)
+    assert [f['epoch'] for f in seen] == [0, 1, 2] and result['steps'] == 5  # ceil(2 * 2.5)
+    assert [f['train_loss'] for f in seen] == result['epoch_train_losses']
+    assert all(0 <= f['val_acc'] <= 1 and 0 <= f['train_acc'] <= 1 for f in seen)
+    times = [f['total_time_seconds'] for f in seen] + [result['total_time_seconds']]
+    assert all(a < b for a, b in zip(times, times[1:]))  # the timed seconds only accumulate
+
+    class Stop(Exception):
+        pass
+
+    def stop_after_first(figures):
+        raise Stop
+
+    with pytest.raises(Stop):
+        ab94.train(tiny_dataset(), hyp, CPU, 'fp32', 0, on_epoch=stop_after_first)

@@ -3,13 +3,12 @@
 Runs only when AIRBENCH_REAL_DATA names the tarball or an extracted image-folder directory (CI sets
 it). The threshold was measured on this data: see REAL_DATA_MIN_ACCURACY.
 """
-import json
 import os
 import tarfile
 
 import pytest
 
-from test_end_to_end import run_script
+from conftest import run_script, summary_of
 
 REAL_DATA = os.environ.get('AIRBENCH_REAL_DATA')
 # Half an epoch of airbench94 (the whole schedule shrunk to 24 steps of 1024; fp32 on a 2-core AMD
@@ -32,8 +31,7 @@ def test_half_an_epoch_on_real_cifar10(tmp_path):
                         '--seed', '0', '--no-warmup', '--no-epoch-eval',
                         '--log-dir', str(tmp_path / 'logs'), timeout=1800)
     assert result.returncode == 0, result.stderr
-    (run_dir,) = list((tmp_path / 'logs').iterdir())
-    summary = json.loads((run_dir / 'summary.json').read_text())
+    summary = summary_of(tmp_path / 'logs')
     accuracy = summary['tta_val_acc']['mean']
     print(f'half-epoch TTA accuracy on real CIFAR-10: {accuracy:.4f}')
     assert summary['num_train'] == 50000 and summary['num_test'] == 10000

@@ -1,27 +1,28 @@
-"""Keep the blocks the scripts share identical to airbench94.py's.
+"""Keep the scripts' shared code identical to airbench94.py's, and measure their layout.
 
-The four scripts repeat shared code on purpose (each stands alone). A top-level block (function,
-class, constant, import) that two scripts both define must be the same text in both, except the
-blocks listed in METHOD_DIFFERENCES: those are where the method differs, and each script's header
-lists those changes.
+Every script is its method, then one banner ("Running the script: identical in all the airbench
+scripts"), then the code that runs it. Below the banner the scripts are byte-identical. Above it, a
+top-level block (function, class, assignment) that two scripts both define must be the same text in
+both, except the blocks listed in METHOD_DIFFERENCES: there the method differs, and each script's
+header lists those changes.
 
-Usage: python tools/shared_blocks.py          report blocks that differ from airbench94.py's
-       python tools/shared_blocks.py --sync   rewrite the other scripts as airbench94.py with
-                                              their own method blocks put back
+Usage: python tools/shared_blocks.py          report the layout and what differs from airbench94.py
+       python tools/shared_blocks.py --sync   rewrite the other scripts as airbench94.py with their
+                                              own header and method blocks put back
 """
 import ast
 import os
-import re
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REFERENCE = 'airbench94'
 METHOD_DIFFERENCES = {
-    'airbench94_compiled': {'__doc__', 'compiled_graph_count', 'compile_net', 'main'},
+    'airbench94_compiled': {'__doc__', 'build_net', 'infer'},
     'airbench95': {'__doc__', 'hyp'},
     'airbench96': {'__doc__', 'hyp', 'ConvGroup'},
 }
-SECTION_BANNER = re.compile(r'^#{45}\n#(.+)#\n#{45}$', re.MULTILINE)
+BANNER_PHRASE = 'identical in all the airbench scripts'
+LIMITS = {'method': 400, 'whole': 700}  # airbench94.py's, in lines (the method-first issue)
 
 
 def read(name):
@@ -29,68 +30,68 @@ def read(name):
         return f.read()
 
 
-def block_key(node):
-    if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-        return node.name
-    if isinstance(node, ast.Assign):
-        return ','.join(ast.unparse(target) for target in node.targets)
-    if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
-        return '__doc__'
-    return ast.unparse(node).splitlines()[0]  # imports and the main guard: their first line
-
-
-def blocks(source):
-    """{key: (first line, last line, text)} of the top-level statements, in order."""
+def split(source):
+    """(docstring lines, method text, tail text): the method runs from the end of the module
+    docstring to the banner's first line; the tail from there to the end."""
     lines = source.splitlines(keepends=True)
+    banner = next(i for i, line in enumerate(lines) if BANNER_PHRASE in line)
+    while banner > 0 and lines[banner - 1].startswith('#'):
+        banner -= 1
+    doc_end = ast.parse(source).body[0].end_lineno
+    return lines[:doc_end], ''.join(lines[doc_end:banner]), ''.join(lines[banner:])
+
+
+def layout(name):
+    """{'method': lines, 'whole': lines} of a script, as ../shared/tools/layout_check.py counts."""
+    source = read(name)
+    _, method, _ = split(source)
+    return {'method': len(method.splitlines()), 'whole': len(source.splitlines())}
+
+
+def blocks(text):
+    """{key: text} of the top-level statements of a script's method part, in order."""
+    lines = text.splitlines(keepends=True)
     result = {}
-    for node in ast.parse(source).body:
+    for node in ast.parse(text).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            key = node.name
+        elif isinstance(node, ast.Assign):
+            key = ','.join(ast.unparse(target) for target in node.targets)
+        else:
+            key = ast.unparse(node).splitlines()[0]
         start = node.decorator_list[0].lineno if getattr(node, 'decorator_list', None) else node.lineno
-        result[block_key(node)] = (start, node.end_lineno, ''.join(lines[start - 1:node.end_lineno]))
+        result[key] = ''.join(lines[start - 1:node.end_lineno])
     return result
-
-
-def sections(source):
-    return [title.strip() for title in SECTION_BANNER.findall(source)]
 
 
 def differences(name):
     """Problems of script `name` against airbench94.py, as readable strings."""
-    reference, other = read(REFERENCE), read(name)
-    allowed = METHOD_DIFFERENCES.get(name, {'__doc__'})
-    problems = []
-    if sections(other) != sections(reference):
-        problems.append(f'{name}: sections {sections(other)} differ from {sections(reference)}')
-    reference_blocks, other_blocks = blocks(reference), blocks(other)
-    for key, (_, _, text) in reference_blocks.items():
-        if key not in other_blocks:
+    _, reference_method, reference_tail = split(read(REFERENCE))
+    _, method, tail = split(read(name))
+    problems = [] if tail == reference_tail else [f'{name}: the part below the banner differs from '
+                                                  f'{REFERENCE}.py']
+    allowed = METHOD_DIFFERENCES.get(name, set())
+    reference_blocks, own_blocks = blocks(reference_method), blocks(method)
+    for key, text in reference_blocks.items():
+        if key not in own_blocks:
             problems.append(f'{name}: lacks the shared block {key!r}')
-        elif key not in allowed and other_blocks[key][2] != text:
+        elif key not in allowed and own_blocks[key] != text:
             problems.append(f'{name}: block {key!r} differs from {REFERENCE}.py')
-    shared_order = [k for k in other_blocks if k in reference_blocks]
-    if shared_order != [k for k in reference_blocks if k in other_blocks]:
+    if [k for k in own_blocks if k in reference_blocks] != [k for k in reference_blocks if k in own_blocks]:
         problems.append(f'{name}: shared blocks are in another order than in {REFERENCE}.py')
     return problems
 
 
 def sync(name):
-    """Rewrite script `name` as airbench94.py with that script's own method blocks put back (a
-    method block that airbench94.py lacks goes after the shared block it follows)."""
-    reference, own_blocks = read(REFERENCE), blocks(read(name))
-    reference_blocks = blocks(reference)
-    allowed = METHOD_DIFFERENCES.get(name, {'__doc__'})
-    extras, anchor = {}, None  # method blocks of this script alone, by the shared block before them
-    for key, (_, _, text) in own_blocks.items():
-        if key in reference_blocks:
-            anchor = key
-        elif key in allowed:
-            extras.setdefault(anchor, []).append(text)
-    lines = reference.splitlines(keepends=True)
-    # Replace from the bottom up so that earlier line numbers stay valid
-    for key, (start, end, _) in sorted(reference_blocks.items(), key=lambda kv: -kv[1][0]):
-        text = own_blocks[key][2] if key in allowed else ''.join(lines[start - 1:end])
-        lines[start - 1:end] = [text + ''.join('\n\n' + extra for extra in extras.get(key, []))]
+    """Rewrite script `name` as airbench94.py with its own docstring and method blocks put back."""
+    own_doc, own_method, _ = split(read(name))
+    _, method, tail = split(read(REFERENCE))
+    allowed, own_blocks = METHOD_DIFFERENCES.get(name, set()), blocks(own_method)
+    for key, text in blocks(method).items():
+        if key in allowed:
+            method = method.replace(text, own_blocks[key])
     with open(os.path.join(REPO, f'{name}.py'), 'w') as f:
-        f.write(''.join(lines))
+        f.write(''.join(own_doc) + method + tail)
 
 
 def main(argv):
@@ -98,8 +99,12 @@ def main(argv):
     if '--sync' in argv:
         for name in names:
             sync(name)
+    for name in [REFERENCE, *names]:
+        print(f'{name}.py: ' + ', '.join(f'{part} {n} lines' for part, n in layout(name).items()))
     problems = [p for name in names for p in differences(name)]
-    print('\n'.join(problems) if problems else f'shared blocks identical in {", ".join(names)}')
+    over = {part: n for part, n in layout(REFERENCE).items() if n > LIMITS[part]}
+    problems += [f'{REFERENCE}.py: {part} part over {LIMITS[part]} lines' for part in over]
+    print('\n'.join(problems) if problems else f'shared code identical in {REFERENCE}, {", ".join(names)}')
     return 1 if problems else 0
 
 

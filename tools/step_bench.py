@@ -32,8 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 def build(module, device, precision, batch_size):
     hyp = module.hyp
     arch, opt = hyp['net'], hyp['opt']
-    net = module.to_device_precision(module.make_net(arch['widths'], 10, arch['batchnorm_momentum'],
-                                                     arch['scaling_factor']), device, precision)
+    net = module.build_net(arch, 10, device, precision)
     torch.manual_seed(0)
     module.reinitialize(net)
     optimizer = torch.optim.SGD(module.decoupled_sgd_groups(net, opt['lr'], opt['weight_decay'],
@@ -41,7 +40,8 @@ def build(module, device, precision, batch_size):
                                                             opt['bias_scaler']),
                                 momentum=opt['momentum'], nesterov=True)
     loss_fn = nn.CrossEntropyLoss(label_smoothing=opt['label_smoothing'], reduction='sum')
-    inputs = torch.randn(batch_size, 3, 32, 32, device=device, dtype=module.input_dtype(precision))
+    dtype = torch.float16 if precision == 'fp16' else torch.float32
+    inputs = torch.randn(batch_size, 3, 32, 32, device=device, dtype=dtype)
     inputs = inputs.contiguous(memory_format=torch.channels_last)
     labels = torch.randint(0, 10, (batch_size,), device=device)
     return net, optimizer, loss_fn, inputs, labels
@@ -58,12 +58,8 @@ MODES = ['eager', 'compiled', *ATEN_INSIDE_GRAPH]
 def compile_for_mode(module, net, device, mode):
     """Compile net in place as `mode` says: as the script does, or with inductor's decompositions
     of some ATen operators removed, so that inductor calls the ATen kernels for them."""
-    if mode == 'compiled':
-        compile_net = getattr(module, 'compile_net', None)
-        if compile_net is None:
-            net.compile()
-        else:
-            compile_net(net, device)
+    if mode == 'compiled':  # as airbench94_compiled.build_net compiles
+        net.compile(mode='max-autotune' if device.type == 'cuda' else None, dynamic=False)
         return
     from torch._inductor.compile_fx import compile_fx
     from torch._inductor.decomposition import select_decomp_table
@@ -118,15 +114,16 @@ def main():
     parser.add_argument('--frozen-bias', action='store_true')
     parser.add_argument('--profile', action='store_true')
     parser.add_argument('--glibc-malloc-defaults', action='store_true',
-                        help='skip keep_freed_memory_in_process (as the scripts do not on CUDA)')
+                        help="skip keep_freed_memory_in_process (glibc's defaults)")
     args = parser.parse_args()
 
     module = importlib.import_module(args.script)
-    device = torch.device(args.device)
-    if device.type == 'cpu' and not args.glibc_malloc_defaults:
+    if args.script == 'airbench94_compiled':
+        parser.error('use --script airbench94 --mode compiled: this tool compiles per --mode')
+    device, precision = module.resolve_device_precision(args.device, args.precision)
+    if not args.glibc_malloc_defaults:
         module.keep_freed_memory_in_process()
-    precision = module.resolve_precision(args.precision, device)
-    autocast = module.autocast_context(device, precision)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=(precision == 'bf16'))
     modes = ['eager', 'compiled'] if args.mode == 'both' else args.mode.split(',')
     unknown = [mode for mode in modes if mode not in MODES]
     if unknown:

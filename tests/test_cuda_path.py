@@ -1,0 +1,191 @@
+"""The CUDA path, checked on a machine without a GPU.
+
+- The meta device runs each script's whole training step in the CUDA precision recipe (fp16 weights
+  and activations, BatchNorm in fp32, channels_last): a CPU tensor mixed in raises, and so does a
+  host synchronization (.item() on a meta tensor).
+- FakeTensorMode with fake CUDA tensors runs the loader's epoch, the whitening init, Lookahead and
+  TTA: it raises on a CPU tensor mixed in and on a host synchronization (.item(), boolean-mask
+  indexing), as the messages of the control cases below show.
+- A dispatch mode records every operator of a real train() on the CPU: no operator that makes the
+  host wait for the device runs inside the timed region.
+"""
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException,
+                                          FakeTensorMode)
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from conftest import CPU, load_script, tiny_dataset, with_hyp
+
+META = torch.device('meta')
+
+
+def recipe_dtypes(net):
+    """{parameter name: dtype expected in the fp16 recipe}: fp32 for BatchNorm, fp16 elsewhere."""
+    return {f'{module_name}.{name}' if module_name else name:
+            torch.float32 if isinstance(module, nn.BatchNorm2d) else torch.float16
+            for module_name, module in net.named_modules()
+            for name, _ in module.named_parameters(recurse=False)}
+
+
+def test_whole_training_step_on_the_meta_device_in_the_cuda_recipe(script, monkeypatch):
+    # Inductor generates no code for the meta device; aot_eager traces the same graphs (forward
+    # and backward, through dynamo and AOTAutograd) and runs them with ATen's operators
+    compile_module = nn.Module.compile
+    monkeypatch.setattr(nn.Module, 'compile', lambda self, mode=None, **kwargs:
+                        compile_module(self, backend='aot_eager', **kwargs))
+    net = script.build_net(script.hyp['net'], 10, META, 'fp16')
+    expected = recipe_dtypes(net)
+    assert {name: p.dtype for name, p in net.named_parameters()} == expected
+    assert net[2].conv1.weight.is_contiguous(memory_format=torch.channels_last)
+    opt = script.hyp['opt']
+    optimizer = torch.optim.SGD(script.decoupled_sgd_groups(net, opt['lr'], opt['weight_decay'],
+                                                            opt['momentum'], 16, opt['bias_scaler']),
+                                momentum=opt['momentum'], nesterov=True)
+    lookahead = script.LookaheadState(net)
+    inputs = torch.empty(16, 3, 32, 32, device=META, dtype=torch.float16)
+    labels = torch.empty(16, device=META, dtype=torch.int64)
+    autocast = torch.autocast('cuda', enabled=False)  # as train() builds it for 'fp16'
+    outputs = net(inputs.contiguous(memory_format=torch.channels_last))
+    loss = F.cross_entropy(outputs.float(), labels, label_smoothing=0.2, reduction='sum')
+    loss.backward()
+    optimizer.step()
+    lookahead.update(net, decay=0.5)
+    assert outputs.dtype == torch.float16 and loss.dtype == torch.float32
+    grads = {name: p.grad.dtype for name, p in net.named_parameters() if p.requires_grad}
+    assert grads == {name: dtype for name, dtype in expected.items() if name in grads}
+    assert set(grads) == {n for n, p in net.named_parameters() if p.requires_grad} and grads
+    assert {name: p.dtype for name, p in net.named_parameters()} == expected  # kept by the step
+    logits = script.infer(net, torch.empty(10, 3, 32, 32, device=META, dtype=torch.float16), 2,
+                          autocast, batch_size=4)
+    assert logits.shape == (10, 10) and logits.dtype == torch.float32 and logits.device == META
+    with pytest.raises(RuntimeError, match='meta'):  # the control: a CPU tensor mixed in raises
+        net(torch.zeros(2, 3, 32, 32, dtype=torch.float16))
+
+
+def fake_cuda(module, mode):
+    """module with every parameter and buffer replaced by a fake CUDA tensor of mode."""
+    for submodule in module.modules():
+        for name, parameter in list(submodule.named_parameters(recurse=False)):
+            fake = mode.from_tensor(parameter.detach())
+            with mode:
+                fake = fake.to('cuda')
+            submodule._parameters[name] = nn.Parameter(fake, requires_grad=parameter.requires_grad)
+        for name, buffer in list(submodule.named_buffers(recurse=False)):
+            fake = mode.from_tensor(buffer)
+            with mode:
+                submodule._buffers[name] = fake.to('cuda')
+    return module
+
+
+def test_loader_whitening_lookahead_and_tta_on_fake_cuda(ab94):
+    mode = FakeTensorMode()
+    net = fake_cuda(ab94.build_net(ab94.hyp['net'], 10, CPU, 'fp16'), mode)
+    hyp = with_hyp(ab94.hyp, aug__cutout=8)  # every augmentation on
+    with mode:
+        images = torch.empty(300, 32, 32, 3, dtype=torch.uint8, device='cuda')
+        labels = torch.empty(300, dtype=torch.int64, device='cuda')
+        loader = ab94.CifarLoader(images, labels, 64, (0.5,) * 3, (0.25,) * 3, hyp['aug'],
+                                  torch.float16)
+        for flip in ('alternating', 'random'):
+            loader.aug['flip'] = flip
+            for _ in range(2):  # the first epoch (flip, pad) and a later one
+                batches = list(loader)
+                assert len(batches) == 4 and batches[0][0].shape == (64, 3, 32, 32)
+                assert {b.device.type for batch in batches for b in batch} == {'cuda'}
+        ab94.init_whitening(net[0], loader.normalize(loader.images[:200]), 5e-4)
+        lookahead = ab94.LookaheadState(net)
+        lookahead.update(net, decay=0.3)
+        logits = ab94.infer(net, loader.normalize(loader.images), 2, torch.autocast('cuda', enabled=False))
+        assert logits.shape == (300, 10) and logits.device.type == 'cuda'
+
+        # The controls: what this mode raises on
+        with pytest.raises(Exception, match='same device'):
+            images.float() + torch.ones(32, 32, 3)
+        with pytest.raises(DataDependentOutputException):
+            images.float().sum().item()
+        with pytest.raises(DynamicOutputShapeException):
+            images[images > 3]
+
+
+HOST_SYNCS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default,
+              torch.ops.aten.masked_select.default, torch.ops.aten.equal.default}
+
+
+class HostSyncRecorder(TorchDispatchMode):
+    """Records the operators that make the host wait for the device (scalars read back,
+    data-dependent shapes) while `timed` is set, and all operators seen."""
+
+    def __init__(self):
+        super().__init__()
+        self.timed, self.timed_syncs, self.untimed_syncs, self.ops = False, [], [], set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        bool_index = func is torch.ops.aten.index.Tensor and any(
+            index is not None and index.dtype == torch.bool for index in args[1])
+        if func in HOST_SYNCS or bool_index:
+            (self.timed_syncs if self.timed else self.untimed_syncs).append(str(func))
+        self.ops.add(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def timed_region_tracker(module, recorder):
+    """A stand-in for module.time whose perf_counter() alternately opens and closes the timed
+    region: train() calls it in pairs around each timed part."""
+    def perf_counter():
+        recorder.timed = not recorder.timed
+        return real_perf_counter()
+    real_perf_counter = module.time.perf_counter
+    return types.SimpleNamespace(perf_counter=perf_counter)
+
+
+def test_no_host_synchronization_inside_the_timed_region(ab94, monkeypatch):
+    recorder = HostSyncRecorder()
+    monkeypatch.setattr(ab94, 'time', timed_region_tracker(ab94, recorder))
+    hyp = with_hyp(ab94.hyp, opt__batch_size=16, opt__train_epochs=3.5, aug__cutout=8,
+                   aug__translate=2)
+    with recorder:
+        result = ab94.train(tiny_dataset(), hyp, CPU, 'fp16', seed=0)
+    assert not recorder.timed  # the timed regions all closed
+    assert result['steps'] == 14 and 'aten.convolution_backward.default' in recorder.ops
+    assert recorder.timed_syncs == []
+    # The control: the untimed per-epoch figures do read scalars back, and are seen
+    assert 'aten._local_scalar_dense.default' in recorder.untimed_syncs
+
+
+def test_the_recorder_sees_a_synchronization_in_the_timed_region(ab94, monkeypatch):
+    recorder = HostSyncRecorder()
+    monkeypatch.setattr(ab94, 'time', timed_region_tracker(ab94, recorder))
+    original = ab94.lookahead_decay
+    monkeypatch.setattr(ab94, 'lookahead_decay',  # a timed-loop bug: a value read back each update
+                        lambda step, total: original(step, total) + 0 * torch.ones(1).item())
+    with recorder:
+        ab94.train(tiny_dataset(), with_hyp(ab94.hyp, opt__batch_size=16, opt__train_epochs=3),
+                   CPU, 'fp32', seed=0)
+    assert 'aten._local_scalar_dense.default' in recorder.timed_syncs
+
+
+def test_compiled_infer_keeps_outputs_that_the_next_call_overwrites():
+    """CUDA graphs (max-autotune) return the graph's own output buffer, overwritten by the next
+    call; in fp32, .float() returns that same buffer. Simulated by a network with one output buffer."""
+    compiled, eager = load_script('airbench94_compiled'), load_script('airbench94')
+
+    class OneOutputBuffer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.out = torch.zeros(4, 10)
+
+        def forward(self, x):
+            return self.out.copy_(x.mean((2, 3)).repeat(1, 4)[:, :10])
+
+    images = torch.randn(12, 3, 32, 32)
+    expected = images.mean((2, 3)).repeat(1, 4)[:, :10]
+    autocast = torch.autocast('cpu', enabled=False)
+    assert torch.equal(compiled.infer(OneOutputBuffer(), images, 0, autocast, batch_size=4), expected)
+    # The control: without the clone every batch's logits are the last batch's
+    wrong = eager.infer(OneOutputBuffer(), images, 0, autocast, batch_size=4)
+    assert not torch.equal(wrong, expected) and torch.equal(wrong[:4], expected[8:])

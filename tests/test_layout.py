@@ -1,0 +1,91 @@
+"""The method-first layout: each script is its method, then one banner, then the code that runs it,
+identical in all scripts; a reader can copy the method, or a block of it, with nothing to edit out."""
+import ast
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import CPU, REPO, SCRIPTS, tiny_dataset, with_hyp
+
+spec = importlib.util.spec_from_file_location('shared_blocks', os.path.join(REPO, 'tools', 'shared_blocks.py'))
+shared = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(shared)
+
+
+def test_below_the_banner_identical_and_method_blocks_shared():
+    for name in shared.METHOD_DIFFERENCES:
+        assert shared.differences(name) == []
+    tails = {shared.split(shared.read(name))[2] for name in SCRIPTS}
+    assert len(tails) == 1
+
+
+def test_airbench94_within_the_line_limits():
+    counts = shared.layout('airbench94')
+    assert counts['method'] <= 400 and counts['whole'] <= 700, counts
+
+
+def test_the_check_detects_drift_and_sync_repairs_it(tmp_path, monkeypatch):
+    for name in ('airbench94', 'airbench95'):
+        shutil.copy(os.path.join(REPO, f'{name}.py'), tmp_path)
+    monkeypatch.setattr(shared, 'REPO', str(tmp_path))
+    path = tmp_path / 'airbench95.py'
+    text = path.read_text()
+    path.write_text(text.replace('return 0.95**5 *', 'return 0.9**5 *')
+                    .replace("'--runs', type=int, default=25", "'--runs', type=int, default=5"))
+    assert shared.differences('airbench95') == [
+        'airbench95: the part below the banner differs from airbench94.py',
+        "airbench95: block 'lookahead_decay' differs from airbench94.py"]
+    shared.sync('airbench95')
+    assert shared.differences('airbench95') == []
+    assert path.read_text() == text  # its own header and hyp kept
+
+
+def top_level_names(source):
+    names = set()
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names |= {t.id for target in node.targets for t in ast.walk(target) if isinstance(t, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(alias.asname or alias.name).split('.')[0] for alias in node.names}
+    return names
+
+
+@pytest.mark.parametrize('name', SCRIPTS)
+def test_the_method_uses_nothing_from_below_the_banner(name):
+    _, method, tail = shared.split(shared.read(name))
+    used = {node.id for node in ast.walk(ast.parse(method)) if isinstance(node, ast.Name)}
+    only_below = top_level_names(tail) - top_level_names(method)
+    assert only_below and not used & only_below, used & only_below
+
+
+def test_the_method_part_alone_trains_a_network(ab94):
+    """What a reader copies: the module docstring and method part, executed without the rest."""
+    doc, method, _ = shared.split(shared.read('airbench94'))
+    namespace = {}
+    exec(compile(''.join(doc) + method, 'method_part', 'exec'), namespace)
+    assert 'main' not in namespace and 'load_dataset' not in namespace
+    hyp = with_hyp(namespace['hyp'], opt__batch_size=32, opt__train_epochs=2)
+    result = namespace['train'](tiny_dataset(), hyp, CPU, 'fp32', seed=1)
+    whole = ab94.train(tiny_dataset(), hyp, CPU, 'fp32', seed=1)
+    assert result['epoch_train_losses'] == whole['epoch_train_losses']
+    assert result['tta_val_acc'] == whole['tta_val_acc']
+    assert result['epoch_train_losses'][-1] < result['epoch_train_losses'][0]
+
+
+@pytest.mark.parametrize('name', SCRIPTS)
+def test_import_does_nothing_but_define(name):
+    code = (f'import sys, importlib.util; sys.argv = ["x", "--runs", "0"]\n'
+            f'spec = importlib.util.spec_from_file_location("m", {os.path.join(REPO, name + ".py")!r})\n'
+            'm = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n'
+            'assert callable(m.main) and callable(m.train)')
+    result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                            cwd=REPO, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == '' and result.stderr == ''
