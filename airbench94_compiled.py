@@ -386,7 +386,7 @@ def train(data, hyp, device, precision, seed, net=None, epoch_eval=True, on_epoc
 # Running the script: identical in all the airbench scripts, not part of the method: the datasets  #
 # (CIFAR-10/100, SVHN, image folders, the tensor cache), flags, logs, statistics and main().       #
 ####################################################################################################
-import argparse, ast, copy, ctypes, json, math, os, sys, uuid
+import argparse, ast, copy, ctypes, json, math, os, pathlib, sys, uuid
 
 CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 
@@ -545,7 +545,7 @@ def write_logs(log_dir, code, results, config, status):
                    tta_val_acc=describe(accs), total_time_seconds=describe(times), **config,
                    runs=results)
     atomic_write(os.path.join(log_dir, 'summary.json'),
-                 lambda path: json.dump(summary, open(path, 'w'), indent=2))
+                 lambda path: pathlib.Path(path).write_text(json.dumps(summary, indent=2)))
 
 def study_hyp(args):
     """hyp with --epochs and each --hyp GROUP.KEY=VALUE set (a word such as 'random': a string)."""

@@ -2,6 +2,7 @@
 nothing already computed is lost."""
 import json
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -10,7 +11,8 @@ import time
 import pytest
 import torch
 
-from conftest import QUICK, REPO, TINY, run_script, study_dir, summary_of, tiny_dataset, write_image_folder
+from conftest import (QUICK, REPO, TINY, run_script, study_dir, summary_of, tiny_dataset,
+                      write_image_folder)
 
 
 def test_missing_data_without_network_says_how_to_provide_it(ab94, tmp_path):
@@ -188,7 +190,7 @@ def test_ctrl_c_keeps_finished_runs_and_says_how_many(image_folder, tmp_path):
 
 def test_logs_are_replaced_atomically(ab94, tmp_path):
     path = tmp_path / 'summary.json'
-    ab94.atomic_write(str(path), lambda temporary: json.dump({'old': 1}, open(temporary, 'w')))
+    path.write_text('{"old": 1}')
 
     def write_then_crash(temporary):
         with open(temporary, 'w') as f:
@@ -199,3 +201,5 @@ def test_logs_are_replaced_atomically(ab94, tmp_path):
         ab94.atomic_write(str(path), write_then_crash)
     assert json.loads(path.read_text()) == {'old': 1}  # the previous log survives a failed write
     assert list(tmp_path.iterdir()) == [path]  # and no temporary file is left
+    ab94.atomic_write(str(path), lambda temporary: pathlib.Path(temporary).write_text('{"new": 2}'))
+    assert json.loads(path.read_text()) == {'new': 2} and list(tmp_path.iterdir()) == [path]
