@@ -52,7 +52,8 @@ def test_every_graph_static_and_compiled_in_the_warmup(tmp_path, monkeypatch):
     test = tiny_dataset(per_class=1050)['train']  # 2100 test images: batches of 2000 and 100
     monkeypatch.setattr(compiled, 'load_dataset', lambda *args, **kwargs: {**data, 'test': test})
     code = compiled.main(['--runs', '1', '--seed', '0', '--hyp', 'opt.batch_size=32', '--epochs',
-                          '4', '--device', 'cpu', '--precision', 'fp32', '--log-dir', str(tmp_path)])
+                          '4', '--device', 'cpu', '--precision', 'fp32',
+                          '--log-dir', str(tmp_path)])
     assert code == 0
     summary = summary_of(tmp_path)
     assert summary['graphs_compiled_in_warmup'] == len(graphs) == 6

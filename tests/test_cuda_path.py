@@ -15,8 +15,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException,
-                                          FakeTensorMode)
+from torch._subclasses.fake_tensor import (DataDependentOutputException,
+                                          DynamicOutputShapeException, FakeTensorMode)
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest import CPU, load_script, tiny_dataset, with_hyp
@@ -43,9 +43,9 @@ def test_whole_training_step_on_the_meta_device_in_the_cuda_recipe(script, monke
     assert {name: p.dtype for name, p in net.named_parameters()} == expected
     assert net[2].conv1.weight.is_contiguous(memory_format=torch.channels_last)
     opt = script.hyp['opt']
-    optimizer = torch.optim.SGD(script.decoupled_sgd_groups(net, opt['lr'], opt['weight_decay'],
-                                                            opt['momentum'], 16, opt['bias_scaler']),
-                                momentum=opt['momentum'], nesterov=True)
+    groups = script.decoupled_sgd_groups(net, opt['lr'], opt['weight_decay'], opt['momentum'], 16,
+                                         opt['bias_scaler'])
+    optimizer = torch.optim.SGD(groups, momentum=opt['momentum'], nesterov=True)
     lookahead = script.LookaheadState(net)
     inputs = torch.empty(16, 3, 32, 32, device=META, dtype=torch.float16)
     labels = torch.empty(16, device=META, dtype=torch.int64)
@@ -100,7 +100,8 @@ def test_loader_whitening_lookahead_and_tta_on_fake_cuda(ab94):
         ab94.init_whitening(net[0], loader.normalize(loader.images[:200]), 5e-4)
         lookahead = ab94.LookaheadState(net)
         lookahead.update(net, decay=0.3)
-        logits = ab94.infer(net, loader.normalize(loader.images), 2, torch.autocast('cuda', enabled=False))
+        logits = ab94.infer(net, loader.normalize(loader.images), 2,
+                            torch.autocast('cuda', enabled=False))
         assert logits.shape == (300, 10) and logits.device.type == 'cuda'
 
         # The controls: what this mode raises on
@@ -171,7 +172,7 @@ def test_the_recorder_sees_a_synchronization_in_the_timed_region(ab94, monkeypat
 
 def test_compiled_infer_keeps_outputs_that_the_next_call_overwrites():
     """CUDA graphs (max-autotune) return the graph's own output buffer, overwritten by the next
-    call; in fp32, .float() returns that same buffer. Simulated by a network with one output buffer."""
+    call; in fp32, .float() returns that same buffer. Simulated: a network with one output buffer."""
     compiled, eager = load_script('airbench94_compiled'), load_script('airbench94')
 
     class OneOutputBuffer(nn.Module):
@@ -185,7 +186,8 @@ def test_compiled_infer_keeps_outputs_that_the_next_call_overwrites():
     images = torch.randn(12, 3, 32, 32)
     expected = images.mean((2, 3)).repeat(1, 4)[:, :10]
     autocast = torch.autocast('cpu', enabled=False)
-    assert torch.equal(compiled.infer(OneOutputBuffer(), images, 0, autocast, batch_size=4), expected)
+    logits = compiled.infer(OneOutputBuffer(), images, 0, autocast, batch_size=4)
+    assert torch.equal(logits, expected)
     # The control: without the clone every batch's logits are the last batch's
     wrong = eager.infer(OneOutputBuffer(), images, 0, autocast, batch_size=4)
     assert not torch.equal(wrong, expected) and torch.equal(wrong[:4], expected[8:])

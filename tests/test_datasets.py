@@ -5,7 +5,8 @@ import os
 import pytest
 import torch
 
-from conftest import CPU, QUICK, TINY, run_script, summary_of, tiny_dataset, with_hyp, write_image_folder
+from conftest import (CPU, QUICK, TINY, run_script, summary_of, tiny_dataset, with_hyp,
+                      write_image_folder)
 
 
 def test_class_count_comes_from_the_data_and_sets_the_head(ab94, tmp_path):

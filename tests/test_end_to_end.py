@@ -33,7 +33,8 @@ def test_run_writes_logs_and_learns(name, image_folder, tmp_path):
     assert summary['status'] == 'finished' and summary['runs_finished'] == runs
     assert summary['tta_val_acc']['n'] == runs
     assert summary['tta_val_acc']['mean'] == pytest.approx(log['accs'].mean().item())
-    assert [r['total_time_seconds'] for r in summary['runs']] == pytest.approx(log['times'].tolist())
+    times = [r['total_time_seconds'] for r in summary['runs']]
+    assert times == pytest.approx(log['times'].tolist())
     assert all(len(r['epoch_train_losses']) == 4 for r in summary['runs'])
     # Four classes: chance is 0.25; the synthetic classes are easy, so demand far more
     assert log['accs'].min().item() > 0.6

@@ -1,5 +1,6 @@
-"""The method-first layout: each script is its method, then one banner, then the code that runs it,
-identical in all scripts; a reader can copy the method, or a block of it, with nothing to edit out."""
+"""The method-first layout: each script is its method, then one banner, then the code that runs
+it, identical in all scripts; a reader can copy the method, or a block of it, with nothing to edit
+out."""
 import ast
 import importlib.util
 import os
@@ -12,7 +13,8 @@ import torch
 
 from conftest import CPU, REPO, SCRIPTS, tiny_dataset, with_hyp
 
-spec = importlib.util.spec_from_file_location('shared_blocks', os.path.join(REPO, 'tools', 'shared_blocks.py'))
+spec = importlib.util.spec_from_file_location('shared_blocks',
+                                              os.path.join(REPO, 'tools', 'shared_blocks.py'))
 shared = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(shared)
 
@@ -51,7 +53,8 @@ def top_level_names(source):
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
             names.add(node.name)
         elif isinstance(node, ast.Assign):
-            names |= {t.id for target in node.targets for t in ast.walk(target) if isinstance(t, ast.Name)}
+            names |= {t.id for target in node.targets for t in ast.walk(target)
+                      if isinstance(t, ast.Name)}
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             names |= {(alias.asname or alias.name).split('.')[0] for alias in node.names}
     return names
@@ -82,7 +85,8 @@ def test_the_method_part_alone_trains_a_network(ab94):
 @pytest.mark.parametrize('name', SCRIPTS)
 def test_import_does_nothing_but_define(name):
     code = (f'import sys, importlib.util; sys.argv = ["x", "--runs", "0"]\n'
-            f'spec = importlib.util.spec_from_file_location("m", {os.path.join(REPO, name + ".py")!r})\n'
+            f'spec = importlib.util.spec_from_file_location("m", '
+            f'{os.path.join(REPO, name + ".py")!r})\n'
             'm = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n'
             'assert callable(m.main) and callable(m.train)')
     result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,

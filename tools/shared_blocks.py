@@ -59,7 +59,8 @@ def blocks(text):
             key = ','.join(ast.unparse(target) for target in node.targets)
         else:
             key = ast.unparse(node).splitlines()[0]
-        start = node.decorator_list[0].lineno if getattr(node, 'decorator_list', None) else node.lineno
+        decorators = getattr(node, 'decorator_list', None)
+        start = decorators[0].lineno if decorators else node.lineno
         result[key] = ''.join(lines[start - 1:node.end_lineno])
     return result
 
@@ -77,7 +78,8 @@ def differences(name):
             problems.append(f'{name}: lacks the shared block {key!r}')
         elif key not in allowed and own_blocks[key] != text:
             problems.append(f'{name}: block {key!r} differs from {REFERENCE}.py')
-    if [k for k in own_blocks if k in reference_blocks] != [k for k in reference_blocks if k in own_blocks]:
+    shared_order = [k for k in own_blocks if k in reference_blocks]
+    if shared_order != [k for k in reference_blocks if k in own_blocks]:
         problems.append(f'{name}: shared blocks are in another order than in {REFERENCE}.py')
     return problems
 
@@ -104,7 +106,8 @@ def main(argv):
     problems = [p for name in names for p in differences(name)]
     over = {part: n for part, n in layout(REFERENCE).items() if n > LIMITS[part]}
     problems += [f'{REFERENCE}.py: {part} part over {LIMITS[part]} lines' for part in over]
-    print('\n'.join(problems) if problems else f'shared code identical in {REFERENCE}, {", ".join(names)}')
+    print('\n'.join(problems) if problems else
+          f'shared code identical in {REFERENCE}, {", ".join(names)}')
     return 1 if problems else 0
 
 
