@@ -1,5 +1,4 @@
-"""
-airbench95.py: train a wider convnet on CIFAR-10 to 95% mean test accuracy, as fast as possible.
+"""airbench95.py: train a wider convnet on CIFAR-10 to 95% mean test accuracy, as fast as possible.
 
 Method: the airbench paper, section "95% and 96% targets": airbench94 widened and trained longer.
 The network has 4,606,520 parameters; training costs 1.4 PFLOPs (paper; this code counts 1.34).
@@ -52,24 +51,24 @@ hyp = {
 }
 
 # ----------------------------------- Augmentation and the loader ----------------------------------
-def batch_flip_lr(images):
+def batch_flip_lr(images, generator=None):
     """Mirror each image left-right with probability 1/2."""
-    flip_mask = (torch.rand(len(images), device=images.device) < 0.5).view(-1, 1, 1, 1)
-    return torch.where(flip_mask, images.flip(-1), images)
+    flip_mask = torch.rand(len(images), device=images.device, generator=generator) < 0.5
+    return torch.where(flip_mask.view(-1, 1, 1, 1), images.flip(-1), images)
 
-def batch_crop(padded_images, crop_size):
+def batch_crop(padded_images, crop_size, generator=None):
     """Crop each image at its own uniformly random position: a random translation, once padded."""
     n, max_shift = len(padded_images), padded_images.size(-1) - crop_size
-    shifts = torch.randint(0, max_shift + 1, size=(n, 2), device=padded_images.device)
+    shifts = torch.randint(max_shift + 1, (n, 2), device=padded_images.device, generator=generator)
     # windows[i, c, y, x] is the crop_size x crop_size window of image i whose corner is at (y, x)
     windows = padded_images.unfold(2, crop_size, 1).unfold(3, crop_size, 1)
     return windows[torch.arange(n, device=padded_images.device), :, shifts[:, 0], shifts[:, 1]]
 
-def batch_cutout(images, size):
+def batch_cutout(images, size, generator=None):
     """Zero one size x size square per image, at a uniformly random position inside the image."""
     n, _, height, width = images.shape
-    top = torch.randint(0, height - size + 1, size=(n, 1, 1), device=images.device)
-    left = torch.randint(0, width - size + 1, size=(n, 1, 1), device=images.device)
+    top, left = torch.randint(height - size + 1, (2, n, 1, 1), device=images.device,
+                              generator=generator)
     rows = torch.arange(height, device=images.device).view(1, -1, 1)
     cols = torch.arange(width, device=images.device).view(1, 1, -1)
     inside = (rows >= top) & (rows < top + size) & (cols >= left) & (cols < left + size)
@@ -77,11 +76,14 @@ def batch_cutout(images, size):
 
 class CifarLoader:
     """Shuffled batches (the last partial one dropped) of images held on the device, augmented an
-    epoch at a time. Alternating flip: epoch 0 mirrors a random half; then each epoch the others."""
+    epoch at a time; order and augmentation each from its own generator (None: torch's default).
+    Alternating flip: epoch 0 mirrors a random half of the images; then each epoch the others."""
 
-    def __init__(self, images, labels, batch_size, mean, std, aug, dtype=torch.float32):
+    def __init__(self, images, labels, batch_size, mean, std, aug, dtype=torch.float32,
+                 order_generator=None, aug_generator=None):
         self.images = images.permute(0, 3, 1, 2).to(dtype) / 255  # uint8 NHWC -> [0, 1] NCHW
         self.labels, self.batch_size, self.aug, self.epoch = labels, batch_size, aug, 0
+        self.order_generator, self.aug_generator = order_generator, aug_generator
         self.mean = torch.tensor(mean, device=images.device, dtype=dtype).view(1, -1, 1, 1)
         self.std = torch.tensor(std, device=images.device, dtype=dtype).view(1, -1, 1, 1)
         self.padded_images = None  # normalized, pre-flipped and reflect-padded in the first epoch
@@ -97,23 +99,23 @@ class CifarLoader:
         if self.padded_images is None:
             images = self.normalize(self.images)
             if flip == 'alternating':
-                images = batch_flip_lr(images)
+                images = batch_flip_lr(images, self.aug_generator)
             self.padded_images = F.pad(images, (pad,) * 4, mode='reflect') if pad > 0 else images
         images = self.padded_images
         if pad > 0:
-            images = batch_crop(images, self.images.size(-1))
+            images = batch_crop(images, self.images.size(-1), self.aug_generator)
         if flip == 'alternating' and self.epoch % 2 == 1:
             images = images.flip(-1)
         elif flip == 'random':
-            images = batch_flip_lr(images)
+            images = batch_flip_lr(images, self.aug_generator)
         if cutout > 0:
-            images = batch_cutout(images, cutout)
+            images = batch_cutout(images, cutout, self.aug_generator)
         return images
 
     def __iter__(self):
         images = self.augmented_epoch()
         self.epoch += 1
-        indices = torch.randperm(len(images), device=images.device)
+        indices = torch.randperm(len(images), device=images.device, generator=self.order_generator)
         for i in range(len(self)):
             batch = indices[i * self.batch_size:(i + 1) * self.batch_size]
             yield images[batch], self.labels[batch]
@@ -288,28 +290,39 @@ def lr_schedule(total_steps, start=0.2, peak_fraction=0.23, end=0.07):
     return torch.where(steps < peak, warmup, decay)
 
 # -------------------------------------------- Training --------------------------------------------
-def synchronize(device):
+def synchronized_time(device):
+    """The clock (seconds) once the device has done its queued work (CUDA runs asynchronously)."""
     if device.type == 'cuda':
         torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+def source_seeds(seed):
+    """Seeds of the three sources of randomness: initialization, data order, augmentation."""
+    seeds = torch.randint(2**62, (3,), generator=torch.Generator().manual_seed(seed)).tolist()
+    return dict(zip(('init', 'order', 'aug'), seeds))
 
 def train(data, hyp, device, precision, seed, net=None, epoch_eval=True, on_epoch=None):
-    """One run, determined by its seed. data: uint8 images (N, 32, 32, 3) and labels of 'train' and
-    'test' on the device, 'classes', 'mean', 'std'. net: from build_net, reinitialized and trained
-    in place (built when None). on_epoch(figures) gets each epoch's figures outside the timed region
-    (it may raise to stop). Returns the run's figures and the trained network."""
+    """One run, determined by its seed: an int, or the seeds of source_seeds (each source of
+    randomness has its own generator, so a study can vary one and hold the others). data: uint8
+    images (N, 32, 32, 3) and labels of 'train' and 'test' on the device, 'classes', 'mean', 'std'.
+    net: from build_net, reinitialized and trained in place (built when None). on_epoch(figures)
+    gets each epoch's figures outside the timed region (it may raise to stop). Returns the run's
+    figures and the trained network."""
     opt, arch = hyp['opt'], hyp['net']
     batch_size, epochs = opt['batch_size'], opt['train_epochs']
     dtype = torch.float16 if precision == 'fp16' else torch.float32
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=(precision == 'bf16'))
+    seeds = seed if isinstance(seed, dict) else source_seeds(seed)
+    generators = [torch.Generator(device).manual_seed(seeds[key]) for key in ('order', 'aug')]
     train_loader = CifarLoader(data['train']['images'], data['train']['labels'], batch_size,
-                               data['mean'], data['std'], hyp['aug'], dtype)
+                               data['mean'], data['std'], hyp['aug'], dtype, *generators)
     test_images, test_labels = data['test']['images'].permute(0, 3, 1, 2), data['test']['labels']
     test_images = train_loader.normalize(test_images.to(dtype) / 255)
     total_steps = ceil(len(train_loader) * epochs)
 
     if net is None:
         net = build_net(arch, len(data['classes']), device, precision)
-    torch.manual_seed(seed)
+    torch.manual_seed(seeds['init'])
     reinitialize(net)
     groups = decoupled_sgd_groups(net, opt['lr'], opt['weight_decay'], opt['momentum'],
                                   batch_size, opt['bias_scaler'])
@@ -319,18 +332,15 @@ def train(data, hyp, device, precision, seed, net=None, epoch_eval=True, on_epoc
     loss_fn = nn.CrossEntropyLoss(label_smoothing=opt['label_smoothing'], reduction='sum')
 
     # Timed: the whitening init from the first 5000 training images (the first touch of the data)
-    synchronize(device)
-    start_time = time.perf_counter()
+    start_time = synchronized_time(device)
     init_whitening(net[0], train_loader.normalize(train_loader.images[:5000]), arch['whiten_eps'])
     lookahead = LookaheadState(net)
-    synchronize(device)
-    total_time_seconds = time.perf_counter() - start_time
+    total_time_seconds = synchronized_time(device) - start_time
 
     step, epoch_train_losses, val_acc = 0, [], None
     for epoch in range(ceil(epochs)):
         net[0].bias.requires_grad = epoch < opt['whiten_bias_epochs']
-        synchronize(device)
-        start_time = time.perf_counter()
+        start_time = synchronized_time(device)
         net.train()
         for inputs, labels in train_loader:
             for group, initial_lr in zip(optimizer.param_groups, initial_lrs):
@@ -347,8 +357,7 @@ def train(data, hyp, device, precision, seed, net=None, epoch_eval=True, on_epoc
             if step >= total_steps:
                 lookahead.update(net, decay=1.0)  # the live model becomes the slow copy
                 break
-        synchronize(device)
-        total_time_seconds += time.perf_counter() - start_time
+        total_time_seconds += synchronized_time(device) - start_time
 
         # Not timed: the last batch's loss and accuracy, and the plain test accuracy
         epoch_train_losses.append(loss.item() / len(labels))
@@ -361,14 +370,12 @@ def train(data, hyp, device, precision, seed, net=None, epoch_eval=True, on_epoc
                           val_acc=val_acc, total_time_seconds=total_time_seconds))
 
     # Timed: test-time augmentation, up to the existence of test predictions
-    synchronize(device)
-    start_time = time.perf_counter()
+    start_time = synchronized_time(device)
     logits = infer(net, test_images, arch['tta_level'], autocast)
-    synchronize(device)
-    total_time_seconds += time.perf_counter() - start_time
+    total_time_seconds += synchronized_time(device) - start_time
     tta_val_acc = (logits.argmax(1) == test_labels).float().mean().item()
-    return dict(seed=seed, tta_val_acc=tta_val_acc, val_acc=val_acc, steps=step, net=net,
-                total_time_seconds=total_time_seconds, epoch_train_losses=epoch_train_losses)
+    return dict(seed=seed, seeds=seeds, steps=step, net=net, total_time_seconds=total_time_seconds,
+                tta_val_acc=tta_val_acc, val_acc=val_acc, epoch_train_losses=epoch_train_losses)
 
 ####################################################################################################
 # Running the script: identical in all the airbench scripts, not part of the method: the datasets  #
@@ -463,11 +470,10 @@ def load_dataset(name, data_dir, train_splits=('train',), download=True, log=pri
             data = read_torchvision_dataset(name, data_dir, download)
         except Exception as error:
             raise DataError(
-                f'No {name} dataset found in {os.path.abspath(data_dir)} and it could not be '
-                f'downloaded ({type(error).__name__}: {error}). Provide it in one of these ways: '
-                '(1) run once with network access and the script downloads it there; (2) put '
-                f"torchvision's files for {name} in that directory; (3) point --data-dir at an "
-                'image-folder directory holding train/<class>/*.png|jpg and test/<class>/*.png|jpg.'
+                f'No {name} dataset in {os.path.abspath(data_dir)}, nor could it be downloaded '
+                f'({type(error).__name__}: {error}). Either run once with network access (it is '
+                f"downloaded there), or put torchvision's files for {name} there, or point "
+                '--data-dir at an image folder: train/<class>/*.png|jpg, test/<class>/*.png|jpg.'
             ) from None
     pixels = data['train']['images'].reshape(-1, 3).double() / 255
     data['mean'], data['std'] = ((CIFAR10_MEAN, CIFAR10_STD) if name == 'cifar10' else
@@ -566,22 +572,20 @@ def parse_args(argv):
     add('--runs', type=int, default=25, help='timed training runs')
     add('--dataset', default='cifar10', choices=['cifar10', 'cifar100', 'svhn', 'folder'],
         help='folder: any image-folder dataset; the others also from their torchvision layout')
-    add('--data-dir', default='data/DATASET', help='the tensor cache, an image-folder layout '
-        '(train/<class>/*, test/<class>/*) or the torchvision layout (downloaded when absent)')
+    add('--data-dir', default='data/DATASET', help='an image folder (train/<class>/*, '
+        "test/<class>/*) or torchvision's layout (downloaded when absent); cached as tensors")
     add('--train-splits', default='train', help='image-folder splits to train on, e.g. train,valid')
     add('--device', default='auto', help='auto (CUDA if present), cpu, cuda, cuda:1, ...')
     add('--precision', default='auto', choices=['auto', 'fp16', 'bf16', 'fp32'], help='auto: fp16 '
         'on CUDA; on the CPU bf16 autocast where the CPU has native bf16, else fp32')
     add('--seed', type=int, help='seed of the first run; run i uses seed+i (None: random, logged)')
     add('--log-dir', default='logs', help='logs go to LOG_DIR/<uuid>/')
-    add('--epochs', type=float, help="the schedule shrunk or stretched to this many epochs "
-        "(None: hyp['opt']['train_epochs'])")
+    add('--epochs', type=float, help="the schedule fitted to this many epochs (None: hyp's)")
     add('--hyp', action='append', default=[], metavar='KEY=VALUE', help='set a hyperparameter '
         '(repeatable): --hyp opt.lr=10 --hyp aug.flip=random --hyp net.tta_level=0')
     add('--epoch-eval', action=argparse.BooleanOptionalAction, default=True, help='untimed')
     add('--warmup', action=argparse.BooleanOptionalAction, default=True, help='untimed, dummy data')
-    add('--deterministic', action='store_true', help='CUDA: deterministic algorithms, no cudnn '
-        'autotuning: a seed repeats a run bitwise, a little slower (as the CPU always does)')
+    add('--deterministic', action='store_true', help='CUDA: a seed repeats a run bitwise (slower)')
     args = parser.parse_args(argv)
     if args.dataset == 'folder' and args.data_dir == 'data/DATASET':
         parser.error('--dataset folder needs --data-dir DIR (a directory with train/ and test/)')
@@ -624,8 +628,7 @@ def compiled_graph_count():
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    with open(os.path.abspath(__file__)) as f:
-        code = f.read()
+    code = pathlib.Path(os.path.abspath(__file__)).read_text()
     try:
         args = parse_args(argv)
         device, precision = resolve_device_precision(args.device, args.precision)

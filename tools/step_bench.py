@@ -92,11 +92,9 @@ def time_round_robin(module, steps_by_mode, device, warmup, steps):
     seconds = {mode: [] for mode in steps_by_mode}
     for _ in range(steps):
         for mode, step in steps_by_mode.items():
-            module.synchronize(device)
-            start = time.perf_counter()
+            start = module.synchronized_time(device)
             step()
-            module.synchronize(device)
-            seconds[mode].append(time.perf_counter() - start)
+            seconds[mode].append(module.synchronized_time(device) - start)
     return seconds
 
 
