@@ -32,7 +32,8 @@ def recipe_dtypes(net):
             for name, _ in module.named_parameters(recurse=False)}
 
 
-def test_whole_training_step_on_the_meta_device_in_the_cuda_recipe(script, monkeypatch):
+def test_whole_training_step_on_the_meta_device_in_the_cuda_recipe(paper_script, monkeypatch):
+    script = paper_script
     # Inductor generates no code for the meta device; aot_eager traces the same graphs (forward
     # and backward, through dynamo and AOTAutograd) and runs them with ATen's operators
     compile_module = nn.Module.compile

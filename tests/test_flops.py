@@ -10,9 +10,14 @@ spec = importlib.util.spec_from_file_location('flops_tool', os.path.join(REPO, '
 flops_tool = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(flops_tool)
 
-# The exact count (the steps as run, plus TTA) against the paper: 94 is required within 3%, 95 and
-# 96 within 5%. Measured: 0.350 vs 0.36 (-2.8%), 1.338 vs 1.4 (-4.4%), 7.232 vs 7.2 (+0.4%).
-TOLERANCE = {'airbench94': 0.03, 'airbench95': 0.05, 'airbench96': 0.05}
+# The exact count (the steps as run, plus TTA) against the paper: 94 is required within 3%, 95,
+# 96 and the Muon record (0.29, its authors' figure) within 5%. Measured: 0.350 vs 0.36 (-2.8%),
+# 1.338 vs 1.4 (-4.4%), 7.232 vs 7.2 (+0.4%), 0.291 vs 0.29 (+0.3%).
+TOLERANCE = {'airbench94': 0.03, 'airbench95': 0.05, 'airbench96': 0.05, 'airbench94_muon': 0.05}
+
+
+def script_hyp(name):
+    return flops_tool.load_script(name).hyp['opt']
 
 
 @pytest.fixture(scope='module')
@@ -26,8 +31,11 @@ def test_training_flops_match_the_paper(name, figures):
     counted, paper = figures[name], flops_tool.PAPER_PFLOPS[name] * 1e15
     assert abs(counted['exact'] - paper) / paper < TOLERANCE[name]
     assert abs(counted['conventional'] - paper) / paper < 0.03
-    # The frozen whitening layer and the dropped partial batch make each count smaller than the next
-    assert counted['exact'] < counted['conventional'] < counted['nominal']
+    # The frozen whitening layer and the dropped partial batch (none at batch 2000) make each count
+    # smaller than the next
+    assert counted['exact'] < counted['conventional'] <= counted['nominal']
+    partial_batch = 50000 % script_hyp(name)['batch_size'] > 0
+    assert (counted['conventional'] < counted['nominal']) == partial_batch
 
 
 def test_airbench96_count_supports_the_papers_7_2_not_7_5(figures):

@@ -12,7 +12,9 @@ from torch import nn
 
 # Parameter counts of the built networks (all parameters, including the frozen whitening weights and
 # BatchNorm scales). The paper states 1.97 M for airbench94.
-PARAMETER_COUNTS = {'airbench94': 1_972_792, 'airbench94_compiled': 1_972_792, 'airbench95': 4_606_520, 'airbench96': 12_721_208}
+PARAMETER_COUNTS = {'airbench94': 1_972_792, 'airbench94_compiled': 1_972_792,
+                    'airbench95': 4_606_520, 'airbench96': 12_721_208,
+                    'airbench94_muon': 1_972_792}
 FEATURE_MAP_SIZES = [31, 15, 7, 3]
 
 
@@ -252,7 +254,8 @@ def test_lr_schedule_endpoints_and_peak(ab94):
     assert torch.allclose(fall, torch.full_like(fall, -0.93 / (total - peak)))  # linear down
 
 
-def test_decoupled_lr_and_weight_decay(script):
+def test_decoupled_lr_and_weight_decay(paper_script):
+    script = paper_script
     net = build(script)
     opt = script.hyp['opt']
     groups = script.decoupled_sgd_groups(net, lr=11.5, weight_decay=0.0153, momentum=0.85,
@@ -348,7 +351,8 @@ CHANGES = {
 }
 
 
-def test_hyperparameters_differ_from_airbench94_only_as_the_header_says(script, ab94):
+def test_hyperparameters_differ_from_airbench94_only_as_the_header_says(paper_script, ab94):
+    script = paper_script
     differences = {(group, key): value for group in script.hyp
                    for key, value in script.hyp[group].items() if ab94.hyp[group][key] != value}
     assert differences == CHANGES[script.__name__]

@@ -1,0 +1,210 @@
+"""airbench94_muon.py's own method: the Newton-Schulz orthogonalization, the Muon step, the
+parameter groups, the schedule, the record's hyperparameters and initialization, and its CUDA path
+on the meta device. What it shares with airbench94 is checked there once (tests/test_layout.py
+proves the blocks identical)."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from conftest import CPU, load_script, tiny_dataset, with_hyp
+
+# Every 3x3 filter bank of the network, flattened to out_channels x (in_channels * 9): all wide.
+# The tests also take each one transposed (tall).
+FILTER_SHAPES = [(64, 24 * 9), (64, 64 * 9), (256, 64 * 9), (256, 256 * 9)]
+COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+
+
+@pytest.fixture(scope='module')
+def muon():
+    return load_script('airbench94_muon')
+
+
+def random_filter_matrices(seed=0, trials=2):
+    generator = torch.Generator().manual_seed(seed)
+    for rows, cols in FILTER_SHAPES:
+        for _ in range(trials):
+            matrix = torch.randn(rows, cols, generator=generator, dtype=torch.float64)
+            yield matrix
+            yield matrix.T
+
+
+def newton_schulz_by_svd(matrix, steps):
+    """The iteration computed on the singular values alone, in float64: U p(S / |M|_F) V^T, with p
+    the quintic polynomial applied `steps` times. Independent of the code under test."""
+    u, s, vh = torch.linalg.svd(matrix.double(), full_matrices=False)
+    a, b, c = COEFFICIENTS
+    s = s / s.square().sum().sqrt()
+    for _ in range(steps):
+        s = a * s + b * s**3 + c * s**5
+    return u @ torch.diag(s) @ vh
+
+
+# Singular values of the output after 3 steps, over the matrices above (measured here): bf16 0.666
+# to 1.205, fp32 0.682 to 1.202. The record's docstring intends "roughly 0.5 to 1.5"; we require
+# the measured band with a margin: every singular value within [0.6, 1.25].
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float32])
+def test_newton_schulz_puts_every_singular_value_in_the_band(muon, dtype):
+    for matrix in random_filter_matrices():
+        singular_values = torch.linalg.svdvals(muon.orthogonalize(matrix, 3, dtype).double())
+        assert singular_values.min() > 0.6 and singular_values.max() < 1.25, matrix.shape
+    # The control: one step is not enough to lift the small singular values into the band
+    singular_values = torch.linalg.svdvals(muon.orthogonalize(matrix, 1, dtype).double())
+    assert singular_values.min() < 0.6
+
+
+# Off-diagonal share of U^T X V (the input's singular vectors applied to the output), measured:
+# fp32 below 1e-6, bf16 at most 0.018 (its rounding); 0 would be vectors preserved exactly.
+@pytest.mark.parametrize('dtype, tolerance', [(torch.float32, 1e-4), (torch.bfloat16, 0.05)])
+def test_newton_schulz_keeps_the_singular_vectors(muon, dtype, tolerance):
+    for matrix in random_filter_matrices(seed=1, trials=1):
+        u, _, vh = torch.linalg.svd(matrix, full_matrices=False)
+        rotated = u.T @ muon.orthogonalize(matrix, 3, dtype).double() @ vh.T
+        off_diagonal = rotated - torch.diag(torch.diagonal(rotated))
+        assert off_diagonal.norm() / rotated.norm() < tolerance, matrix.shape
+    expected = newton_schulz_by_svd(matrix, 3)
+    assert torch.allclose(muon.orthogonalize(matrix, 3, torch.float32).double(), expected,
+                          atol=1e-4)
+
+
+def test_muon_step_is_renormalization_then_lr_times_orthogonalized_nesterov_momentum(muon):
+    generator = torch.Generator().manual_seed(0)
+    weight = nn.Parameter(torch.randn(4, 2, 3, 3, generator=generator, dtype=torch.float64))
+    grads = [torch.randn(4, 2, 3, 3, generator=generator, dtype=torch.float64) for _ in range(2)]
+    lr, momentum = 0.24, 0.6
+    optimizer = muon.Muon([weight], lr, momentum, newton_schulz_steps=3, dtype=torch.float64)
+    expected, buffer = weight.detach().clone(), torch.zeros_like(grads[0])
+    for grad in grads:
+        weight.grad = grad.clone()
+        optimizer.step()
+        buffer = momentum * buffer + grad
+        nesterov = grad + momentum * buffer
+        expected = expected * (4**0.5 / expected.norm())  # Frobenius norm sqrt(out_channels)
+        expected = expected - lr * newton_schulz_by_svd(nesterov.flatten(1), 3).view(4, 2, 3, 3)
+        assert torch.allclose(weight.detach(), expected, atol=1e-10)
+    weight.grad = None  # a parameter without a gradient (a frozen one) is left alone
+    before = weight.detach().clone()
+    optimizer.step()
+    assert torch.equal(weight.detach(), before)
+
+
+def test_groups_cover_every_trainable_parameter_once(muon):
+    net = muon.build_net(muon.hyp['net'], 10, CPU, 'fp32')
+    opt = muon.hyp['opt']
+    filters, sgd_groups = muon.optimizer_groups(net, opt['bias_lr'], opt['head_lr'],
+                                                opt['weight_decay'], opt['batch_size'])
+    grouped = [id(p) for p in filters] + [id(p) for g in sgd_groups for p in g['params']]
+    assert sorted(grouped) == sorted(id(p) for p in net.parameters() if p.requires_grad)
+    convs = [m for m in net.modules() if isinstance(m, nn.Conv2d) and m.kernel_size == (3, 3)]
+    assert [id(p) for p in filters] == [id(m.weight) for m in convs] and len(filters) == 6
+    whiten_bias, norm_biases, head = sgd_groups
+    assert whiten_bias['params'] == [net[0].bias] and head['params'] == [net[-2].weight]
+    assert whiten_bias['lr'] == norm_biases['lr'] == 0.053 and head['lr'] == 0.67
+    for group in sgd_groups:  # each step decays 2e-6 per example of every weight, at the full lr
+        assert group['lr'] * group['weight_decay'] == pytest.approx(2e-6 * 2000)
+
+
+def test_hyperparameters_are_the_records(muon, ab94):
+    opt, aug, arch = muon.hyp['opt'], muon.hyp['aug'], muon.hyp['net']
+    assert opt == dict(train_epochs=8, batch_size=2000, filter_lr=0.24, filter_momentum=0.6,
+                       newton_schulz_steps=3, head_lr=0.67, bias_lr=0.053, momentum=0.85,
+                       weight_decay=2e-6, label_smoothing=0.2, whiten_bias_epochs=3)
+    assert aug == ab94.hyp['aug']
+    assert arch == {**ab94.hyp['net'], 'scaling_factor': 1 / 256}
+
+
+def test_head_starts_at_unit_std_and_whitening_bias_keeps_its_init(muon):
+    torch.manual_seed(0)
+    net = muon.build_net(muon.hyp['net'], 10, CPU, 'fp32')
+    assert net[-2].weight.std().item() == pytest.approx(1.0)
+    torch.manual_seed(1)
+    muon.reinitialize(net)
+    assert net[-2].weight.std().item() == pytest.approx(1.0)
+    bias = net[0].bias.detach().clone()
+    assert bias.abs().max() > 0  # PyTorch's default init, not zeros
+    muon.init_whitening(net[0], torch.randn(50, 3, 32, 32), 5e-4)
+    assert torch.equal(net[0].bias.detach(), bias)
+
+
+def test_schedules_decay_linearly_to_zero_and_the_whitening_bias_freezes(muon, monkeypatch):
+    assert muon.lr_schedule(4) == [1.0, 0.75, 0.5, 0.25, 0.0]
+    net = muon.build_net(muon.hyp['net'], 2, CPU, 'fp32')
+    seen, bias_lrs = [], []  # every step: Muon's lr, whether the whitening bias has a gradient
+    muon_step, sgd_step = muon.Muon.step, torch.optim.SGD.step
+    def recording_muon_step(self):
+        seen.append((self.param_groups[0]['lr'], net[0].bias.grad is not None))
+        return muon_step(self)
+    def recording_sgd_step(self):
+        bias_lrs.append(self.param_groups[0]['lr'])  # group 0: the whitening bias
+        return sgd_step(self)
+    monkeypatch.setattr(muon.Muon, 'step', recording_muon_step)
+    monkeypatch.setattr(torch.optim.SGD, 'step', recording_sgd_step)
+    hyp = with_hyp(muon.hyp, opt__batch_size=16, opt__train_epochs=4, opt__whiten_bias_epochs=2)
+    result = muon.train(tiny_dataset(), hyp, CPU, 'fp32', 0, net=net, epoch_eval=False)
+    assert result['steps'] == 16  # 4 steps per epoch
+    assert [lr for lr, _ in seen] == pytest.approx([0.24 * (1 - step / 16) for step in range(16)])
+    assert [had_grad for _, had_grad in seen] == [True] * 8 + [False] * 8  # 2 epochs of 4 steps
+    assert bias_lrs[:8] == pytest.approx([0.053 * (1 - step / 8) for step in range(8)])
+
+
+def test_whole_training_step_on_the_meta_device_in_the_cuda_recipe(muon, monkeypatch):
+    compile_module = nn.Module.compile
+    compiled = []
+    monkeypatch.setattr(nn.Module, 'compile', lambda self, mode=None, **kwargs: compiled.append(
+        mode) or compile_module(self, backend='aot_eager', **kwargs))
+    meta = torch.device('meta')
+    net = muon.build_net(muon.hyp['net'], 10, meta, 'fp16')
+    assert compiled == []  # the meta device is not CUDA: eager, like the CPU
+    expected = {name: torch.float32 if 'norm' in name else torch.float16
+                for name, _ in net.named_parameters()}
+    assert {name: p.dtype for name, p in net.named_parameters()} == expected
+    opt = muon.hyp['opt']
+    filters, sgd_groups = muon.optimizer_groups(net, opt['bias_lr'], opt['head_lr'],
+                                                opt['weight_decay'], 16)
+    sgd = torch.optim.SGD(sgd_groups, momentum=opt['momentum'], nesterov=True)
+    optimizer = muon.Muon(filters, opt['filter_lr'], opt['filter_momentum'], 3, torch.bfloat16)
+    inputs = torch.empty(16, 3, 32, 32, device=meta, dtype=torch.float16)
+    outputs = net(inputs.contiguous(memory_format=torch.channels_last))
+    loss = F.cross_entropy(outputs.float(), torch.empty(16, device=meta, dtype=torch.int64),
+                           label_smoothing=0.2, reduction='sum')
+    loss.backward()
+    sgd.step()
+    optimizer.step()
+    assert outputs.dtype == torch.float16 and loss.dtype == torch.float32
+    grads = {name: p.grad.dtype for name, p in net.named_parameters() if p.requires_grad}
+    assert grads == {name: dtype for name, dtype in expected.items() if name in grads}
+    assert {name: p.dtype for name, p in net.named_parameters()} == expected  # kept by the steps
+    assert all(optimizer.state[p]['momentum'].dtype == torch.float16 for p in filters)
+    logits = muon.infer(net, torch.empty(10, 3, 32, 32, device=meta, dtype=torch.float16), 2,
+                        torch.autocast('cuda', enabled=False), batch_size=4)
+    assert logits.shape == (10, 10) and logits.dtype == torch.float32
+
+
+def test_whitening_tta_and_muon_step_on_fake_cuda(muon):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from test_cuda_path import fake_cuda
+    mode = FakeTensorMode()
+    net = fake_cuda(muon.build_net(muon.hyp['net'], 10, CPU, 'fp16'), mode)
+    with mode:
+        images = torch.empty(300, 3, 32, 32, dtype=torch.float16, device='cuda')
+        muon.init_whitening(net[0], images[:200], 5e-4)
+        filters, _ = muon.optimizer_groups(net, 0.053, 0.67, 2e-6, 16)
+        for weight in filters:
+            weight.grad = torch.empty_like(weight)
+        muon.Muon(filters, 0.24, 0.6, 3, torch.bfloat16).step()
+        logits = muon.infer(net, images, 2, torch.autocast('cuda', enabled=False))
+        assert logits.shape == (300, 10) and logits.device.type == 'cuda'
+        assert all(w.device.type == 'cuda' and w.dtype == torch.float16 for w in filters)
+
+
+def test_no_host_synchronization_inside_the_timed_region(muon, monkeypatch):
+    from test_cuda_path import HostSyncRecorder, timed_region_tracker
+    recorder = HostSyncRecorder()
+    monkeypatch.setattr(muon, 'time', timed_region_tracker(muon, recorder))
+    hyp = with_hyp(muon.hyp, opt__batch_size=16, opt__train_epochs=3.5)
+    with recorder:
+        result = muon.train(tiny_dataset(), hyp, CPU, 'fp16', seed=0)
+    assert not recorder.timed and result['steps'] == 14
+    assert 'aten.mm.default' in recorder.ops  # the Newton-Schulz iteration ran
+    assert recorder.timed_syncs == []
+    assert 'aten._local_scalar_dense.default' in recorder.untimed_syncs  # the control
