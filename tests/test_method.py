@@ -393,3 +393,31 @@ def test_on_epoch_gets_each_epochs_figures_and_can_stop_the_run(ab94):
 
     with pytest.raises(Stop):
         ab94.train(tiny_dataset(), hyp, CPU, 'fp32', 0, on_epoch=stop_after_first)
+
+
+def test_each_source_of_randomness_has_its_own_seed(ab94):
+    from conftest import CPU, tiny_dataset, with_hyp
+    seeds = ab94.source_seeds(0)
+    assert set(seeds) == {'init', 'order', 'aug'} and len(set(seeds.values())) == 3
+    assert ab94.source_seeds(0) == seeds and ab94.source_seeds(1) != seeds
+
+    def run(hyp, **changes):
+        result = ab94.train(tiny_dataset(), hyp, CPU, 'fp32', {**seeds, **changes},
+                            epoch_eval=False)
+        return result['net'][2].conv1.weight.detach().clone(), result['epoch_train_losses']
+
+    # With a vanishing lr the filters stay as initialized: only the init seed may change them
+    frozen = with_hyp(ab94.hyp, opt__batch_size=16, opt__train_epochs=1, opt__lr=1e-30,
+                      opt__weight_decay=0.0)
+    weights, _ = run(frozen)
+    assert torch.equal(run(frozen, order=7, aug=8)[0], weights)
+    assert not torch.equal(run(frozen, init=7)[0], weights)
+    # Without augmentation the aug seed changes nothing; the order seed changes the batches
+    plain = with_hyp(ab94.hyp, opt__batch_size=16, opt__train_epochs=2, aug__flip='none',
+                     aug__translate=0)
+    weights, losses = run(plain)
+    assert torch.equal(run(plain, aug=8)[0], weights)
+    assert run(plain, order=7)[1] != losses
+    # With augmentation the aug seed matters
+    augmented = with_hyp(ab94.hyp, opt__batch_size=16, opt__train_epochs=2)
+    assert run(augmented)[1] != run(augmented, aug=8)[1]
