@@ -302,11 +302,11 @@ class Muon(torch.optim.Optimizer):
                 state = self.state[weight]
                 if 'momentum' not in state:
                     state['momentum'] = torch.zeros_like(weight.grad)
-                momentum = state['momentum'].mul_(group['momentum']).add_(weight.grad)
-                nesterov = weight.grad.add(momentum, alpha=group['momentum'])
+                buffer = state['momentum'].mul_(group['momentum']).add_(weight.grad)
+                nesterov = weight.grad.add(buffer, alpha=group['momentum'])
                 weight.mul_(len(weight)**0.5 / weight.norm())
                 update = orthogonalize(nesterov.flatten(1), group['steps'], group['dtype'])
-                weight.add_(update.view_as(weight), alpha=-group['lr'])
+                weight.add_(update.reshape_as(weight), alpha=-group['lr'])
 
 def optimizer_groups(net, bias_lr, head_lr, weight_decay, batch_size):
     """(Muon's parameters: the 3x3 filters; SGD's groups: the whitening bias, the BatchNorm biases,
