@@ -4,6 +4,7 @@ import copy
 import importlib.util
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -111,3 +112,46 @@ def study_dir(log_dir):
 
 def summary_of(log_dir):
     return json.loads((study_dir(log_dir) / 'summary.json').read_text())
+
+
+def free_port():
+    """A TCP port free on localhost now (for a torchrun rendezvous)."""
+    with socket.socket() as probe:
+        probe.bind(('127.0.0.1', 0))
+        return probe.getsockname()[1]
+
+
+def torchrun(*launcher_flags):
+    """The command line of torchrun with these flags, as `python -m torch.distributed.run`."""
+    return [sys.executable, '-m', 'torch.distributed.run', *launcher_flags]
+
+
+def descendants(pid):
+    """The ids of pid's children, their children, and so on (from /proc)."""
+    children = {}
+    for entry in filter(str.isdigit, os.listdir('/proc')):
+        try:
+            with open(f'/proc/{entry}/stat') as f:
+                parent = int(f.read().rpartition(')')[2].split()[1])
+        except (OSError, ValueError, IndexError):  # the process has ended meanwhile
+            continue
+        children.setdefault(parent, []).append(int(entry))
+    found, frontier = [], [pid]
+    while frontier:
+        offspring = children.get(frontier.pop(), [])
+        found += offspring
+        frontier += offspring
+    return found
+
+
+def torchrun_worker(launcher_pid, rank):
+    """The id of the worker process of this rank that torchrun (launcher_pid) started, or None."""
+    for pid in descendants(launcher_pid):
+        try:
+            with open(f'/proc/{pid}/environ', 'rb') as f:
+                environment = dict(item.partition(b'=')[::2] for item in f.read().split(b'\0'))
+        except OSError:
+            continue
+        if environment.get(b'RANK') == str(rank).encode():
+            return pid
+    return None
