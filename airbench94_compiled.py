@@ -482,10 +482,10 @@ def load_dataset(name, data_dir, train_splits=('train',), download=True, log=pri
             data = read_torchvision_dataset(name, data_dir, download)
         except Exception as error:
             raise DataError(
-                f'No {name} dataset in {os.path.abspath(data_dir)}, nor could it be downloaded '
-                f'({type(error).__name__}: {error}). Either run once with network access (it is '
-                f"downloaded there), or put torchvision's files for {name} there, or point "
-                '--data-dir at an image folder: train/<class>/*.png|jpg, test/<class>/*.png|jpg.'
+                f'No {name} dataset found in {os.path.abspath(data_dir)} and it could not be '
+                f'downloaded ({type(error).__name__}: {error}). Run once with network access (it '
+                f"is downloaded there), or put torchvision's files for {name} there, or point "
+                '--data-dir at an image-folder layout: train/<class>/*, test/<class>/* images.'
             ) from None
     pixels = data['train']['images'].reshape(-1, 3).double() / 255
     data['mean'], data['std'] = ((CIFAR10_MEAN, CIFAR10_STD) if name == 'cifar10' else
