@@ -73,8 +73,8 @@ def batch_crop(padded_images, crop_size, generator=None):
 def batch_cutout(images, size, generator=None):
     """Zero one size x size square per image, at a uniformly random position inside the image."""
     n, _, height, width = images.shape
-    top, left = torch.randint(height - size + 1, (2, n, 1, 1), device=images.device,
-                              generator=generator)
+    top = torch.randint(height - size + 1, (n, 1, 1), device=images.device, generator=generator)
+    left = torch.randint(width - size + 1, (n, 1, 1), device=images.device, generator=generator)
     rows = torch.arange(height, device=images.device).view(1, -1, 1)
     cols = torch.arange(width, device=images.device).view(1, 1, -1)
     inside = (rows >= top) & (rows < top + size) & (cols >= left) & (cols < left + size)

@@ -163,6 +163,14 @@ def test_cutout_zeroes_one_square_inside_the_image_at_a_uniform_position(ab94):
     assert torch.bincount(left).min() > 0.6 * expected
 
 
+def test_cutout_of_a_wide_image_reaches_every_row_and_column(ab94):
+    torch.manual_seed(0)
+    zero = (ab94.batch_cutout(torch.ones(2000, 3, 8, 24), 4) == 0)[:, 0]
+    tops, lefts = zero.any(2).float().argmax(1), zero.any(1).float().argmax(1)
+    assert set(tops.tolist()) == set(range(8 - 4 + 1))
+    assert set(lefts.tolist()) == set(range(24 - 4 + 1))
+
+
 def test_whitening_layer_is_w_and_minus_w_and_whitens_patches(ab94):
     script = ab94
     torch.manual_seed(0)
