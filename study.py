@@ -66,9 +66,9 @@ import torch.distributed as dist
 REPO = os.path.dirname(os.path.abspath(__file__))
 SOURCES = ('init', 'order', 'aug')  # the sources of randomness of the scripts' source_seeds
 # What study.py uses of a script (its method and the shared part below its banner)
-SCRIPT_API = ('hyp', 'train', 'build_net', 'infer', 'source_seeds', 'parse_args', 'study_hyp',
-              'load_dataset', 'dummy_dataset', 'resolve_device_precision', 'DataError',
-              'keep_freed_memory_in_process')
+SCRIPT_API = ('hyp', 'train', 'build_net', 'infer', 'CifarLoader', 'source_seeds', 'parse_args',
+              'study_hyp', 'load_dataset', 'dummy_dataset', 'resolve_device_precision',
+              'DataError', 'keep_freed_memory_in_process')
 POLL_SECONDS = 0.2       # how often rank 0 looks for published records
 HEARTBEAT_SECONDS = 2.0  # how often every process says that it is alive
 
@@ -468,11 +468,12 @@ class Runner:
         return self.nets[key]
 
     def tta_logits(self, net, images, hyp):
-        """A trained network's TTA logits (fp32) for uint8 images, normalized as train() does."""
+        """A trained network's TTA logits (fp32) for uint8 images, normalized by the script's own
+        loader, as train() normalizes its test images."""
         dtype = torch.float16 if self.precision == 'fp16' else torch.float32
-        mean, std = (torch.tensor(self.data[key], device=self.device, dtype=dtype).view(1, -1, 1, 1)
-                     for key in ('mean', 'std'))
-        inputs = (images.permute(0, 3, 1, 2).to(dtype) / 255 - mean) / std
+        loader = self.script.CifarLoader(images, None, len(images), self.data['mean'],
+                                         self.data['std'], hyp['aug'], dtype)
+        inputs = loader.normalize(loader.images)
         autocast = torch.autocast(self.device.type, dtype=torch.bfloat16,
                                   enabled=(self.precision == 'bf16'))
         return self.script.infer(net, inputs, hyp['net']['tta_level'], autocast)
