@@ -1,4 +1,4 @@
-"""A short training on the real CIFAR-10 (the JPEG re-encoding in ../shared/data), when available.
+"""A short training on the real CIFAR-10 (re-encoded as JPEG; CI sets where), when available.
 
 Runs only when AIRBENCH_REAL_DATA names the tarball or an extracted image-folder directory (CI sets
 it). The threshold was measured on this data: see REAL_DATA_MIN_ACCURACY.

@@ -45,7 +45,7 @@ def split(source):
 
 
 def layout(name):
-    """{'method': lines, 'whole': lines} of a script, as ../shared/tools/layout_check.py counts."""
+    """{'method': lines, 'whole': lines} of a script, as the layout check counts them."""
     source = read(name)
     _, method, _ = split(source)
     return {'method': len(method.splitlines()), 'whole': len(source.splitlines())}

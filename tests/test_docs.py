@@ -1,0 +1,82 @@
+"""The documentation points only at what exists: every relative link (and its #anchor) and every
+repository path named in README.md and docs/, nothing outside the repository, and README's install
+and test commands are the ones CI runs."""
+import glob
+import os
+import re
+
+import pytest
+
+from conftest import REPO
+
+DOCUMENTS = ['README.md', 'CHANGELOG.md', *sorted(
+    os.path.relpath(path, REPO) for path in glob.glob(os.path.join(REPO, 'docs', '*.md')))]
+LINK = re.compile(r'\]\(([^)\s]+)\)')
+CODE = re.compile(r'`([^`\s]+)`')
+
+
+def read(document):
+    with open(os.path.join(REPO, document)) as f:
+        return f.read()
+
+
+def anchors(document):
+    """GitHub's anchors of a Markdown file's headings: lower case, punctuation dropped, spaces
+    to hyphens."""
+    headings = re.findall(r'^#+ (.+)$', read(document), re.MULTILINE)
+    return {re.sub(r'[^\w\- ]', '', heading.strip().lower()).replace(' ', '-')
+            for heading in headings}
+
+
+def named_paths(text):
+    """Repository paths named in code spans: a .py file, or a path under a top-level directory of
+    the repository (placeholders in capitals such as DIR/ and LOG_DIR/ are not paths)."""
+    top_level = {name for name in os.listdir(REPO) if os.path.isdir(os.path.join(REPO, name))
+                 and not name.startswith('.git')}
+    for token in CODE.findall(text):
+        token = token.rstrip('.,:;')
+        first = token.split('/')[0]
+        if re.fullmatch(r'\w+\.py', token):
+            yield token
+        elif '/' in token and first in top_level and '*' not in token and '<' not in token:
+            yield token
+
+
+@pytest.mark.parametrize('document', DOCUMENTS)
+def test_relative_links_and_anchors_exist(document):
+    for target in LINK.findall(read(document)):
+        if re.match(r'[a-z]+://', target):
+            continue
+        path, _, anchor = target.partition('#')
+        resolved = os.path.normpath(os.path.join(REPO, os.path.dirname(document), path)) \
+            if path else os.path.join(REPO, document)
+        assert os.path.exists(resolved), f'{document}: link to {target}, which does not exist'
+        if anchor:
+            assert anchor in anchors(os.path.relpath(resolved, REPO)), \
+                f'{document}: link to {target}, a heading that does not exist'
+
+
+@pytest.mark.parametrize('document', DOCUMENTS)
+def test_named_repository_paths_exist(document):
+    for path in named_paths(read(document)):
+        if '/' in path:
+            assert os.path.exists(os.path.join(REPO, path)), f'{document} names {path}'
+        else:  # a file name alone: a script at the top, or a file of tests/ or tools/
+            found = glob.glob(os.path.join(REPO, '**', path), recursive=True)
+            assert found, f'{document} names {path}, which is nowhere in the repository'
+
+
+@pytest.mark.parametrize('document', DOCUMENTS)
+def test_no_path_outside_the_repository(document):
+    assert not re.search(r'\.\./|/work/|/tmp/', read(document)), \
+        f'{document} names a path outside the repository'
+
+
+def test_readme_install_and_test_commands_are_what_ci_runs():
+    readme, ci = read('README.md'), read('.ci/run').splitlines()
+    commands = [line.strip() for line in readme.splitlines() if line.startswith('    ')]
+    install = [c for c in commands if c.startswith('pip install')]
+    test = [c for c in commands if c.startswith('python -m pytest')]
+    assert install and test
+    for command in {*install, *(c.partition('#')[0].strip() for c in test)}:
+        assert command in ci, f'README says {command!r}; .ci/run does not run it'
