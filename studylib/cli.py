@@ -1,0 +1,137 @@
+"""study.py's command line: the study's flags, its configurations and grids, and `report`."""
+import argparse
+import itertools
+import re
+
+from .errors import StudyError
+from .scripts import available_scripts
+
+NAME = r'[A-Za-z0-9][A-Za-z0-9_.+-]*'       # a configuration's name, safe as a directory name
+GRID_VALUE = r'[A-Za-z0-9_.+-]+'            # a number or a word: legible in a generated name
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, not the usage text, and not on every process
+        raise StudyError(message)
+
+
+def study_parser(description):
+    parser = Parser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                    epilog='Flags after -- go to the scripts (python SCRIPT.py --help): data, '
+                    'device, precision, --epochs, --hyp ... Under torchrun: one process per GPU. '
+                    '`python study.py report DIR` rebuilds the summary, report and plots.')
+    add = parser.add_argument
+    add('script', help=f'the default script of the configurations: one of '
+        f'{", ".join(available_scripts())} (with or without .py), or the path of a .py file')
+    add('--runs', type=int, required=True, help='runs of each configuration')
+    add('--study-dir', required=True, help='where the study lives (on the machine of rank 0)')
+    add('--config', nargs='+', action='append', default=[], metavar='NAME [SCRIPT] [KEY=VALUE]',
+        help='a configuration (repeatable): a name, optionally its own script (a name or a '
+        'path), and hyperparameter overrides, e.g. --config random aug.flip=random; the first '
+        'is the baseline of the comparisons')
+    add('--grid', action='append', default=[], metavar='KEY=V1,V2,...', help='expand every '
+        'configuration over these values (repeatable: all combinations)')
+    add('--seed', type=int, default=0, help='run i takes its varied seeds from seed + i')
+    add('--vary', choices=['init', 'order', 'aug', 'all'], default='all',
+        help='the sources of randomness that change from run to run; the others are held')
+    add('--target', type=float, help='accuracy target: tested against each mean, and the '
+        'target of epochs-to-target with an epoch grid')
+    add('--save-logits', action='store_true', help="keep each run's test logits (fp16), with "
+        'and without TTA: they give the variance and calibration analyses')
+    add('--train-subset', type=float, metavar='FRACTION', help='train each run on its own random '
+        'fraction of the training set (the mask is saved with the run)')
+    add('--val-split', type=int, default=0, metavar='N', help='hold N training images out (a fixed '
+        'split) and evaluate on them; test accuracy is recorded too')
+    add('--lost-after', type=float, default=300, metavar='SECONDS', help='give up a run whose '
+        'process has sent no heartbeat for this long (a lost machine)')
+    return parser
+
+
+def parse_grid(text):
+    """KEY=V1,V2,... as (KEY, [V1, V2, ...]), refusing values that would make illegible names."""
+    key, sep, values = text.partition('=')
+    values = values.split(',') if sep else []
+    if not key or not all(values) or not values:
+        raise StudyError(f'--grid {text}: give KEY=V1,V2,... (for example opt.train_epochs=5,10,20)')
+    for value in values:
+        if not re.fullmatch(GRID_VALUE, value):
+            raise StudyError(f'--grid {key}: {value!r} is not a number or a word (letters, digits, '
+                             '_.+-); set other values with --config')
+    if len(set(values)) < len(values):
+        raise StudyError(f'--grid {key}: a value is given twice')
+    return key, values
+
+
+def grid_names(keys):
+    """The short name of each grid key in configuration names: its last part, unless two keys
+    share it."""
+    leaves = [key.split('.')[-1] for key in keys]
+    return [leaf if leaves.count(leaf) == 1 else key for key, leaf in zip(keys, leaves)]
+
+
+def expand(configs, grids, implicit_baseline):
+    """{name: (script, overrides, base name, {grid key: value})}: every configuration at every
+    combination of the grids' values, named NAME,KEY=VALUE,... (KEY=VALUE,... for the implicit
+    baseline)."""
+    keys, expanded = [key for key, _ in grids], {}
+    for name, (script, overrides) in configs.items():
+        for values in itertools.product(*(values for _, values in grids)):
+            point = [f'{short}={value}' for short, value in zip(grid_names(keys), values)]
+            full = ','.join(point if implicit_baseline and point else [name, *point])
+            expanded[full] = (script, [*overrides, *(f'{k}={v}' for k, v in zip(keys, values))],
+                              name, dict(zip(keys, values)))
+    return expanded
+
+
+def parse_configs(raw, default_script):
+    """{name: (script or None for the default, overrides)} from the --config flags."""
+    configs = {}
+    for name, *rest in raw:
+        if not re.fullmatch(NAME, name):
+            raise StudyError(f'--config {name}: a configuration starts with its NAME (letters, '
+                             'digits, _.+-), then SCRIPT or KEY=VALUE ...: --config random '
+                             'aug.flip=random')
+        if name in configs:
+            raise StudyError(f'configuration names must differ; used more than once: {name}')
+        script = rest.pop(0) if rest and '=' not in rest[0] else None
+        configs[name] = (script or default_script, rest)
+    return configs
+
+
+def parse_args(argv):
+    """The study's arguments: args.configs is {name: (script, overrides, base, grid point)},
+    grids expanded; the flags after -- are args.script_flags."""
+    argv = list(argv)
+    split = argv.index('--') if '--' in argv else len(argv)
+    argv, script_flags = argv[:split], argv[split + 1:]
+    args = study_parser('Many trainings of the airbench scripts, on every GPU of one or many '
+                        'machines, with the statistics that research studies need.').parse_args(argv)
+    if args.runs < 1:
+        raise StudyError(f'--runs must be at least 1, not {args.runs}')
+    if args.train_subset is not None and not 0 < args.train_subset <= 1:
+        raise StudyError(f'--train-subset is a fraction in (0, 1], not {args.train_subset}')
+    if args.val_split < 0:
+        raise StudyError(f'--val-split is a number of images, not {args.val_split}')
+    if not args.lost_after > 0:
+        raise StudyError(f'--lost-after is a positive number of seconds, not {args.lost_after}')
+    configs = parse_configs(args.config, args.script) or {'baseline': (args.script, [])}
+    grids = [parse_grid(text) for text in args.grid]
+    repeated = sorted({key for key, _ in grids if [k for k, _ in grids].count(key) > 1})
+    if repeated:
+        raise StudyError(f'--grid {repeated[0]} is given twice; give all its values in one --grid')
+    args.configs = expand(configs, grids, implicit_baseline=not args.config)
+    args.grid_keys = [key for key, _ in grids]
+    args.script_flags = script_flags
+    return args
+
+
+def parse_report_args(argv):
+    parser = Parser(prog='study.py report', description='Rebuild summary.json, report.md, '
+                    'runs.csv and the plots of a study from its records, without training.')
+    parser.add_argument('study_dir', metavar='DIR')
+    parser.add_argument('--target', type=float, help="the accuracy target (default: the study's)")
+    parser.add_argument('--speedup', action='store_true', help='require the epochs-to-target and '
+                        'effective-speedup analysis (an error if the study has no epoch grid)')
+    parser.add_argument('--variance', action='store_true', help='require the variance and '
+                        'calibration analysis (an error if the study saved no logits)')
+    return parser.parse_args(argv)
