@@ -1,44 +1,157 @@
-"""How the processes of a study share its runs: torchrun's key-value store, an atomic queue,
-heartbeats, and rank 0's collector, which writes every published record into the study directory.
+"""How the processes of a study share its runs, through the key-value store that torchrun serves
+(in one plain process, an in-memory one). There is no process group and no collective: only small
+messages travel, and a process that dies blocks nobody.
 
-There is no process group and no collective: only small messages travel, and a process that dies
-blocks nobody else."""
-import datetime
+The store outlives the processes of a launch: torchrun's agent serves it, and a restarted process
+(torchrun --max-restarts) joins the launch that is running, as does a replacement for rank 0. The
+keys (under airbench_study/):
+- plan: the launch's runs to train (rank 0 publishes it once, from the records in DIR);
+- next: the queue, an atomic counter of handed-out runs;
+- lease/I: the process (its token) that trains run I; a run whose process has died (its
+  successor of the same rank said so: dead/TOKEN) or stopped heart-beating for --lost-after
+  seconds is taken over by another process with compare_set, so it is trained once more, never by
+  two at a time; attempts/I counts the takeovers;
+- beat/TOKEN: each process's heartbeat counter;
+- record/I and outputs/I/TOKEN/K: a finished (or failed) run's record and its outputs in chunks,
+  published by the process that holds the lease; rank 0 writes a record only while its lease is
+  the publisher's (a late record from a replaced process is dropped), then sets done/I;
+- finished: set by rank 0 once every run is done; the other processes then end.
+Every store call retries with backoff and reconnects for up to STORE_PATIENCE seconds, so a
+dropped connection or a store restarted in that time costs a pause, not the study.
+"""
 import json
 import os
+import secrets
 import socket
 import threading
 import time
 
 import torch.distributed as dist
 
-from .plan import atomic_write, record_path
+HEARTBEAT_SECONDS = 2.0   # how often every process says that it is alive
+STORE_PATIENCE = 120.0    # how long a store call retries before the store counts as lost
+CHUNK_BYTES = 1 << 20     # outputs travel in chunks well under the TCPStore's value limit
+MAX_OUTPUT_BYTES = 1 << 30  # a run's outputs above this are refused before any training
+MAX_ATTEMPTS = 3          # takeovers of one run (its process lost each time) before it counts
+#                           as failed for this launch
 
-POLL_SECONDS = 0.2       # how often rank 0 looks for published records
-HEARTBEAT_SECONDS = 2.0  # how often every process says that it is alive
+
+class StoreLost(Exception):
+    """The store did not answer for STORE_PATIENCE seconds."""
+
+
+def connect_store():
+    """A client of torchrun's store (its agent's, which outlives the workers), a store served by
+    rank 0 (torch.distributed's env:// variables without torchrun), or an in-memory one."""
+    if 'WORLD_SIZE' not in os.environ:
+        return dist.HashStore()
+    host, port = os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT'])
+    agent_store = os.environ.get('TORCHELASTIC_USE_AGENT_STORE') == 'True'
+    server = not agent_store and os.environ['RANK'] == '0'
+    return dist.TCPStore(host, port, int(os.environ['WORLD_SIZE']), is_master=server,
+                         wait_for_workers=False, multi_tenant=server)
+
+
+class ResilientStore:
+    """The store, with every call retried (and the connection remade) for STORE_PATIENCE seconds.
+    Calls never block on a missing key: waiting is wait_for's polling."""
+
+    def __init__(self, connect=connect_store, prefix='airbench_study/', patience=STORE_PATIENCE):
+        self.connect, self.prefix, self.patience = connect, prefix, patience
+        self.lock = threading.Lock()  # the heartbeat thread shares the connection
+        self.store = connect()
+
+    def call(self, method, *args):
+        delay, deadline = 0.05, time.monotonic() + self.patience
+        while True:
+            try:
+                with self.lock:
+                    return getattr(self.store, method)(*args)
+            except (RuntimeError, OSError, ValueError) as error:  # DistError is a RuntimeError
+                if time.monotonic() > deadline:
+                    raise StoreLost(f'the store did not answer for {self.patience:g} s '
+                                    f'({type(error).__name__}: {error})') from None
+                time.sleep(delay)
+                delay = min(2 * delay, 5.0)
+                try:
+                    with self.lock:
+                        self.store = self.connect()
+                except (RuntimeError, OSError, ValueError):
+                    pass
+
+    def set(self, key, value):
+        self.call('set', self.prefix + key, value)
+
+    def get(self, key):
+        return self.call('get', self.prefix + key)
+
+    def add(self, key, amount):
+        return self.call('add', self.prefix + key, amount)
+
+    def check(self, key):
+        return self.call('check', [self.prefix + key])
+
+    def delete(self, key):
+        self.call('delete_key', self.prefix + key)
+
+    def compare_set(self, key, expected, desired):
+        """desired if the key held expected ('' for a key that does not exist), and the value it
+        holds after the call."""
+        return self.call('compare_set', self.prefix + key, expected, desired)
+
+    def wait_for(self, key, give_up=None, poll_seconds=0.1):
+        """Poll until key exists; give_up() may raise to stop waiting."""
+        while not self.check(key):
+            if give_up is not None:
+                give_up()
+            time.sleep(poll_seconds)
+
+    def set_large(self, key, data):
+        """bytes of any size, in chunks: key/K for each chunk, then key/count."""
+        chunks = [data[i:i + CHUNK_BYTES] for i in range(0, len(data), CHUNK_BYTES)] or [b'']
+        for index, chunk in enumerate(chunks):
+            self.set(f'{key}/{index}', chunk)
+        self.set(f'{key}/count', str(len(chunks)))
+
+    def get_large(self, key):
+        count = int(self.get(f'{key}/count'))
+        return b''.join(self.get(f'{key}/{index}') for index in range(count))
+
+    def delete_large(self, key):
+        if self.check(f'{key}/count'):
+            for index in range(int(self.get(f'{key}/count'))):
+                self.delete(f'{key}/{index}')
+            self.delete(f'{key}/count')
 
 
 class World:
-    """This process's place among the study's processes, and the key-value store they share:
-    torchrun's (env:// rendezvous: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), or in one plain
-    process an in-memory one. Keys are prefixed by the launch attempt (torchrun restarts)."""
+    """This process's place among the study's processes: its rank, its token (which names it in
+    leases and heartbeats), and the store they share."""
 
-    def __init__(self):
-        if 'WORLD_SIZE' in os.environ:
-            store, self.rank, self.size = next(dist.rendezvous('env://'))
-        else:
-            store, self.rank, self.size = dist.HashStore(), 0, 1
-        attempt = os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')
-        self.store = dist.PrefixStore(f'airbench_study/{attempt}/', store)
+    def __init__(self, store=None):
+        self.rank = int(os.environ.get('RANK', 0))
+        self.size = int(os.environ.get('WORLD_SIZE', 1))
         self.local_rank = int(os.environ.get('LOCAL_RANK', 0))
         self.node = os.environ.get('GROUP_RANK', socket.gethostname())
+        self.store = store or ResilientStore()
+        self.token = f'{self.rank}:{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}'
+
+    def join(self):
+        """Say that this process is rank's now: the process it replaces (a torchrun restart) is
+        dead, and its run can be taken over at once."""
+        previous = self.store.compare_set(f'member/{self.rank}', '', self.token).decode()
+        if previous != self.token:
+            self.store.set(f'dead/{previous}', '1')
+            self.store.set(f'member/{self.rank}', self.token)
+        return previous != self.token
 
     def publish(self, key, value):
-        self.store.set(key, json.dumps(value))
+        self.store.set_large(key, json.dumps(value).encode())
 
-    def read(self, key):
+    def read(self, key, give_up=None):
         """The value published under key, waiting for it."""
-        return json.loads(self.store.get(key))
+        self.store.wait_for(f'{key}/count', give_up)
+        return json.loads(self.store.get_large(key))
 
     def read_all(self, key):
         """Every rank's value published under key/RANK, waiting for them all."""
@@ -46,86 +159,75 @@ class World:
 
 
 class Heartbeat(threading.Thread):
-    """Adds 1 to alive/RANK in the store every HEARTBEAT_SECONDS while the process lives."""
+    """Adds 1 to beat/TOKEN every HEARTBEAT_SECONDS while the process lives; a store error is
+    retried (by the store) and never ends the heartbeat."""
 
     def __init__(self, world):
         super().__init__(daemon=True)
         self.world, self.stopping = world, threading.Event()
 
     def run(self):
-        try:
-            while not self.stopping.wait(HEARTBEAT_SECONDS):
-                self.world.store.add(f'alive/{self.world.rank}', 1)
-        except Exception:  # the store is gone, so is the study: the main thread finds out too
-            pass
-
-
-class Collector(threading.Thread):
-    """Rank 0: writes every record published in the store into DIR as it arrives (outputs first,
-    the record last), and prints a line of progress for each. Ends when every run of the plan is
-    written, or when stopping (after a last look); once finishing (no run left to claim), gives up
-    the runs whose process has sent no heartbeat for lost_after seconds."""
-
-    def __init__(self, world, plan, study_dir, lost_after):
-        super().__init__(daemon=True)
-        self.world, self.jobs, self.study_dir = world, plan['jobs'], study_dir
-        self.lost_after = lost_after
-        self.total, self.finished = plan['total'], plan['finished']
-        self.claimed, self.in_flight, self.lost, self.error = 0, set(), {}, None
-        self.last_beat = {}  # run index -> (its owner and heartbeat count, when they last changed)
-        self.finishing, self.stopping = threading.Event(), threading.Event()
-        self.start_time = time.perf_counter()
-
-    def run(self):
-        try:
-            while not self.stopping.is_set() and (self.claimed < len(self.jobs) or self.in_flight):
-                self.collect()
-                if self.finishing.is_set():
-                    self.give_up_lost()
-                time.sleep(POLL_SECONDS)
-            self.collect()
-        except Exception as error:  # DIR unwritable, the store gone: the main thread says so
-            self.error = error
-
-    def collect(self):
-        store = self.world.store
-        claimed = min(store.add('next', 0), len(self.jobs))
-        self.in_flight.update(range(self.claimed, claimed))
-        self.claimed = claimed
-        for index in sorted(self.in_flight):
-            if not store.check([f'record/{index}']):
+        while not self.stopping.wait(HEARTBEAT_SECONDS):
+            try:
+                self.world.store.add(f'beat/{self.world.token}', 1)
+            except StoreLost:
                 continue
-            record_text = store.get(f'record/{index}')
-            config, run = self.jobs[index]
-            path = record_path(self.study_dir, config, run)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            if store.check([f'outputs/{index}']):
-                atomic_write(path.removesuffix('.json') + '.pt', store.get(f'outputs/{index}'))
-            atomic_write(path, record_text)
-            for key in ('record', 'outputs', 'owner'):
-                store.delete_key(f'{key}/{index}')
-            self.in_flight.discard(index)
-            self.progress(json.loads(record_text))
 
-    def progress(self, record):
-        self.finished += 1
-        done_here = self.finished - (self.total - len(self.jobs))
-        left = self.total - self.finished
-        eta = (time.perf_counter() - self.start_time) / done_here * left
-        flag = ' (the loss diverged)' if record['diverged'] else ''
-        print(f"[{self.finished}/{self.total} done, {left} left, ETA "
-              f"{datetime.timedelta(seconds=round(eta))}] {record['config']} run {record['run']}: "
-              f"{record['accuracy_on']} accuracy {record['accuracy']:.4f}{flag}, "
-              f"{record['total_time_seconds']:.2f} s (rank {record['rank']}, {record['host']})",
-              flush=True)
 
-    def give_up_lost(self):
-        store, now = self.world.store, time.perf_counter()
-        for index in sorted(self.in_flight):
-            owner = int(store.get(f'owner/{index}')) if store.check([f'owner/{index}']) else None
-            beat = (owner, None if owner is None else store.add(f'alive/{owner}', 0))
-            if self.last_beat.get(index, (None, None))[0] != beat:
-                self.last_beat[index] = (beat, now)
-            elif now - self.last_beat[index][1] > self.lost_after:
-                self.lost[index] = owner
-                self.in_flight.discard(index)
+class Liveness:
+    """Whether the holder of a lease is alive, as this process sees it: a token named dead by its
+    successor is dead; one whose heartbeat has not moved for lost_after seconds (of this process's
+    clock, from when it first looked) is lost."""
+
+    def __init__(self, store, lost_after):
+        self.store, self.lost_after, self.seen = store, lost_after, {}
+
+    def lost(self, token):
+        if self.store.check(f'dead/{token}'):
+            return True
+        beats, now = self.store.add(f'beat/{token}', 0), time.monotonic()
+        last = self.seen.get(token)
+        if last is None or last[0] != beats:
+            self.seen[token] = (beats, now)
+            return False
+        return now - last[1] > self.lost_after
+
+
+class Queue:
+    """The runs of the plan, handed out once each: first in order from the counter next, then, once
+    it is exhausted, runs whose holder is lost (taken over), until every run is done."""
+
+    def __init__(self, world, num_jobs, lost_after):
+        self.world, self.store, self.num_jobs = world, world.store, num_jobs
+        self.liveness, self.known_done = Liveness(world.store, lost_after), set()
+
+    def lease(self, index, holder=''):
+        """Take run index's lease from holder ('' for none); True if this process holds it now."""
+        return self.store.compare_set(f'lease/{index}', holder, self.world.token).decode() == \
+            self.world.token
+
+    def holds(self, index):
+        return self.store.check(f'lease/{index}') and \
+            self.store.get(f'lease/{index}').decode() == self.world.token
+
+    def claim(self):
+        """(index, attempts) of a run this process now holds, or None when none is free now."""
+        while (index := self.store.add('next', 1) - 1) < self.num_jobs:
+            if self.lease(index):
+                return index, 1
+        for index in range(self.num_jobs):
+            if index in self.known_done:
+                continue
+            if self.store.check(f'done/{index}'):
+                self.known_done.add(index)
+                continue
+            holder = self.store.get(f'lease/{index}').decode() if \
+                self.store.check(f'lease/{index}') else ''
+            if holder == self.world.token or (holder and not self.liveness.lost(holder)):
+                continue
+            if self.lease(index, holder):
+                return index, self.store.add(f'attempts/{index}', 1) + 1
+        return None
+
+    def finished(self):
+        return self.store.check('finished')

@@ -5,5 +5,6 @@ class StudyError(Exception):
     """Bad input or a study directory in the way; the message says what to do."""
 
 
-class Stopped(Exception):
-    """SIGTERM: a scheduler's preemption, or torchrun stopping the others when one process fails."""
+class Stopped(BaseException):
+    """SIGTERM: a scheduler's preemption, or torchrun stopping the others when one process fails.
+    Like KeyboardInterrupt, not an Exception: a run it interrupts has not failed."""

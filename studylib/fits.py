@@ -10,6 +10,7 @@ c is the asymptote: an error at or below c is never reached. The least-squares f
 so it is equivariant under a change of units of the errors (percent instead of fractions multiplies
 b and c by 100 and leaves a and every epoch count derived from the fit unchanged).
 """
+import functools
 import math
 import warnings
 from dataclasses import dataclass
@@ -53,6 +54,14 @@ def fit_power_law(epochs, errors):
     a fit that does not converge.
     """
     x, y = _points(epochs, errors)
+    return _fit(tuple(x), tuple(y))
+
+
+@functools.lru_cache(maxsize=65536)
+def _fit(x, y):
+    """fit_power_law's least squares, remembered: a bootstrap refits the same resampled baseline
+    for every configuration and epoch count it compares with it."""
+    x, y = np.array(x), np.array(y)
     reference = math.exp(np.mean(np.log(x)))
     scaled = x / reference
 

@@ -9,19 +9,23 @@ import signal
 import socket
 import sys
 import threading
+import time
 import uuid
 
 import torch
 
-from . import report
+from . import distribute, report
 from .cli import parse_args, parse_report_args
-from .distribute import Collector, Heartbeat, World
-from .environment import local_environment, world_environment
+from .collect import Collector
+from .distribute import MAX_ATTEMPTS, Heartbeat, Liveness, Queue, StoreLost, World
+from .environment import device_model, local_environment, world_environment
 from .errors import StudyError, Stopped
-from .plan import atomic_write, make_plan, open_study
+from .plan import atomic_write, lock_study_dir, make_plan, open_study
 from .runs import Runner
 from .scripts import (config_hyp, load_script, parse_script_flags, script_label, script_path,
                       sha256_of)
+
+POLL_SECONDS = 0.5  # how often a process without a run looks for one, or for the end
 
 
 def data_fingerprint(data):
@@ -109,10 +113,23 @@ def check_world(infos):
                          'dataset in --data-dir')
 
 
+def check_outputs_travel(args, data):
+    """Refuse, before any training, outputs too large for the store to carry (in chunks)."""
+    num_test, num_classes = len(data['test']['labels']), len(data['classes'])
+    size = (2 * num_test * num_classes * 2 if args.save_logits else 0) + \
+        (len(data['train']['labels']) if args.train_subset is not None else 0)
+    if size > distribute.MAX_OUTPUT_BYTES:
+        raise StudyError(f'the outputs of a run would be {size / 2**20:.0f} MiB (fp16 logits of '
+                         f'{num_test} test images x {num_classes} classes, twice, and the subset '
+                         f'mask), more than the {distribute.MAX_OUTPUT_BYTES / 2**20:.0f} MiB '
+                         'a run may send to rank 0; drop --save-logits or use fewer test images')
+
+
 def plan_launch(args, process, infos, command):
     """Rank 0: check the world and DIR, record the launch in study.json, and list the runs to train.
     Returns the lock on DIR and the plan."""
     check_world(infos)
+    check_outputs_travel(args, process.data)
     settings, configs = study_identity(args, process)
     launch = dict(id=uuid.uuid4().hex[:12], command=command, environment=world_environment(infos),
                   started=datetime.datetime.now(datetime.timezone.utc).isoformat())
@@ -122,7 +139,8 @@ def plan_launch(args, process, infos, command):
             study['target'] = args.target
             atomic_write(os.path.join(args.study_dir, 'study.json'), json.dumps(study, indent=2))
         runner_files(args, process)
-        plan = make_plan(args.study_dir, list(configs), args.runs, launch)
+        plan = dict(make_plan(args.study_dir, list(configs), args.runs, launch),
+                    data=process.info['data'])
     except BaseException:
         lock.close()
         raise
@@ -143,12 +161,14 @@ def runner_files(args, process):
                      json.dumps(process.data['test']['labels'].tolist()))
 
 
-def agree_on_plan(args, world, command):
-    """Every process sets up; rank 0 plans; all read the plan (or the error that stops them)."""
+def first_plan(args, world, command):
+    """The launch's start: every process sets up and tells rank 0 its environment and data
+    fingerprint (or its error); rank 0 checks them and DIR and publishes the plan (or the error that
+    stops every process)."""
     process = None
     try:
         if world.local_rank != 0:  # one process per machine first: a download, the tensor cache
-            world.store.wait([f'set_up/{world.node}'])
+            world.store.wait_for(f'set_up/{world.node}')
         process = setup_process(args, world)
         info = process.info
     except StudyError as error:
@@ -166,8 +186,21 @@ def agree_on_plan(args, world, command):
         world.publish('plan', plan)
     plan = world.read('plan')
     if 'error' in plan:
-        raise StudyError(plan['error'])
+        raise SharedError(plan['error'])
     return process, plan, lock
+
+
+def join_plan(args, world):
+    """A process that joins a running launch (a torchrun restart, of any rank): its own setup,
+    checked against the plan's data; rank 0 takes DIR's lock again."""
+    plan = world.read('plan')
+    if 'error' in plan:
+        raise SharedError(plan['error'])
+    process = setup_process(args, world)
+    if process.info['data'] != plan['data']:
+        raise StudyError(f'rank {world.rank} ({socket.gethostname()}) sees other data than the '
+                         'launch it joins; give every machine the same dataset in --data-dir')
+    return process, plan, lock_study_dir(args.study_dir) if world.rank == 0 else None
 
 
 def prepare_device(process):
@@ -180,49 +213,132 @@ def prepare_device(process):
     process.main_script.keep_freed_memory_in_process()  # the CPU's steps; harmless beside a GPU
 
 
+def failure_record(config, run, error, runner):
+    """The record of a run that raised: what and where, so that the report can say so."""
+    return dict(config=config, run=run, failed=True, error_type=type(error).__name__,
+                error=str(error)[:4000], rank=runner.world.rank, host=socket.gethostname(),
+                device=str(runner.device), device_model=device_model(runner.device),
+                launch=runner.launch,
+                finished=datetime.datetime.now(datetime.timezone.utc).isoformat())
+
+
+def train_one(runner, config, run):
+    """(record, outputs) of a run; an exception inside the run becomes a failure record (a bug in
+    a copy of a script, CUDA out of memory at a large batch), and the study goes on."""
+    try:
+        return runner.run(config, run)
+    except Exception as error:  # noqa: BLE001: every failure of a run is recorded, not fatal
+        if runner.device.type == 'cuda':
+            torch.cuda.empty_cache()
+        return failure_record(config, run, error, runner), None
+
+
+def publish(world, queue, index, record, outputs):
+    """The run's outputs, then its record, under this process's token, if it still holds the
+    run's lease (else another process has taken the run over: this late result is dropped)."""
+    if not queue.holds(index):
+        return False
+    record['has_outputs'] = outputs is not None
+    if outputs is not None:
+        world.store.set_large(f'outputs/{index}/{world.token}', outputs)
+    world.store.set(f'record/{index}/{world.token}', json.dumps(record, indent=2))
+    return True
+
+
+class BrokenDevice:
+    """Stops a process whose runs fail in a row across configurations: its device (or process) is
+    broken, and it would mark every run it takes as failed."""
+
+    def __init__(self, limit=3):
+        self.limit, self.recent = limit, []
+
+    def check(self, record):
+        self.recent = [*self.recent, record][-self.limit:] if record.get('failed') else []
+        if len(self.recent) == self.limit and len({r['config'] for r in self.recent}) > 1:
+            raise StudyError(f'{self.limit} runs in a row failed on this process (rank '
+                             f"{record['rank']}, {record['host']}, {record['device']}), in "
+                             'different configurations: its device may be broken; the failures '
+                             'are recorded, and the same command retries them')
+
+
+def work(args, world, plan, runner, collector):
+    """Take runs from the queue and train them until every run of the plan is done; rank 0 writes
+    the records between its runs."""
+    queue, broken = Queue(world, len(plan['jobs']), args.lost_after), BrokenDevice()
+    rank0 = Liveness(world.store, args.lost_after)
+    while True:
+        claimed = queue.claim()
+        if claimed is None:
+            if collector is not None:
+                collector.collect()
+                if collector.all_done():
+                    world.store.set('finished', '1')
+                    return
+            elif queue.finished():
+                return
+            elif world.store.check('member/0') and rank0.lost(
+                    world.store.get('member/0').decode()):
+                raise StudyError(f'rank 0 has sent no heartbeat for {args.lost_after:g} s: the '
+                                 'records of this launch are written by rank 0 alone; run the '
+                                 'command again to continue the study')
+            time.sleep(POLL_SECONDS)
+            continue
+        index, attempts = claimed
+        config, run = plan['jobs'][index]
+        if attempts > MAX_ATTEMPTS:
+            record, outputs = failure_record(config, run, ProcessLost(
+                f'its process was lost {attempts - 1} times (killed, out of memory, or '
+                'unreachable)'), runner), None
+        else:
+            record, outputs = train_one(runner, config, run)
+        publish(world, queue, index, record, outputs)
+        if collector is not None:
+            collector.collect()
+        broken.check(record)
+
+
+class ProcessLost(Exception):
+    """A run whose process was lost again and again."""
+
+
+class SharedError(StudyError):
+    """An error every process of the launch meets (the plan's): rank 0 says it."""
+
+
 def run_study(args, world, command):
-    process, plan, lock = agree_on_plan(args, world, command)
+    replacing = world.join()
+    heartbeat = Heartbeat(world)
+    heartbeat.start()
+    if world.store.check('plan/count'):
+        process, plan, lock = join_plan(args, world)
+    else:
+        process, plan, lock = first_plan(args, world, command)
     prepare_device(process)
     runner = Runner(args, process, world, plan['launch'])
-    heartbeat, collector = Heartbeat(world), None
-    heartbeat.start()
+    collector = None
     if world.rank == 0:
-        print(f"study in {args.study_dir}: {plan['finished']} of {plan['total']} runs of this "
-              f"launch's configurations finished, {len(plan['jobs'])} to train; world size "
-              f"{world.size} on {plan['environment']['hosts']} ({process.device.type}, "
-              f'{process.precision})', flush=True)
-        collector = Collector(world, plan, args.study_dir, args.lost_after)
-        collector.start()
+        collector = Collector(world, plan, args.study_dir)
+        print(f"{'rank 0 rejoins the launch of ' if replacing else ''}study in {args.study_dir}: "
+              f"{plan['total'] - len(plan['jobs']) + len(collector.written)} of {plan['total']} "
+              f"runs of this launch's configurations finished, "
+              f"{len(plan['jobs']) - len(collector.written)} to train; world size {world.size} on "
+              f"{plan['environment']['hosts']} ({process.device.type}, {process.precision})",
+              flush=True)
     try:
         runner.warm_up(sorted({config for config, _ in plan['jobs']}))
-        while (index := world.store.add('next', 1) - 1) < len(plan['jobs']):
-            if collector is not None and collector.error is not None:
-                break  # rank 0 cannot write the records: stop, and say why (below)
-            world.store.set(f'owner/{index}', str(world.rank))
-            record, outputs = runner.run(*plan['jobs'][index])
-            if outputs is not None:  # before the record: a record means the run is complete
-                world.store.set(f'outputs/{index}', outputs)
-            world.store.set(f'record/{index}', json.dumps(record, indent=2))
-        if collector is not None:
-            collector.finishing.set()
-            collector.join()
+        work(args, world, plan, runner, collector)
     finally:
         heartbeat.stopping.set()
         if collector is not None:
-            collector.stopping.set()  # stopped early: a last look for published records
-            collector.join()
-            if collector.error is None:
-                report.write_outputs(args.study_dir)
+            collector.collect()  # stopped early or not: what has arrived is kept
+            report.write_outputs(args.study_dir)
             lock.close()
-    if collector is not None and collector.error is not None:
-        raise StudyError(f'rank 0 stopped collecting the records into {args.study_dir}: '
-                         f'{type(collector.error).__name__}: {collector.error}')
-    if collector is not None and collector.lost:
-        lost = ', '.join(f"{plan['jobs'][index][0]} run {plan['jobs'][index][1]} (rank {owner})"
-                         for index, owner in sorted(collector.lost.items()))
-        raise StudyError(f'given up {lost}: no heartbeat from its process for '
-                         f'{args.lost_after:g} s (a lost machine?). The other runs are in '
-                         f'{args.study_dir}; the same command trains the missing ones')
+    if collector is not None and collector.failed:
+        failed = sorted(collector.failed.values(), key=lambda r: (r['config'], r['run']))
+        shown = ', '.join(f"{r['config']} run {r['run']} ({r['error_type']})" for r in failed[:5])
+        raise StudyError(f'{len(failed)} runs failed: {shown}{" ..." if len(failed) > 5 else ""};'
+                         f' their errors are in {args.study_dir}/runs/CONFIG/RUN.failed.json, the '
+                         'summary counts them, and the same command retries them')
 
 
 def raise_stopped(signal_number, frame):
@@ -241,20 +357,37 @@ def main(argv=None):
         args = parse_args(argv)
         world = World()
         run_study(args, world, ['study.py', *argv])
-    except StudyError as error:
-        # before the processes agree, each machine's first process speaks; after, rank 0 alone
-        if (world.rank == 0) if world is not None else os.environ.get('LOCAL_RANK', '0') == '0':
-            print(f'error: {error}', file=sys.stderr, flush=True)
+    except (StudyError, StoreLost) as error:
+        # an error every process meets (bad input, the plan's) is said once: before the processes
+        # agree by each machine's first process, after by rank 0; a process's own by itself
+        speaks = os.environ.get('LOCAL_RANK', '0') == '0' if world is None else \
+            world.rank == 0 or not isinstance(error, SharedError)
+        if speaks:
+            where = '' if world is None or world.size == 1 or isinstance(error, SharedError) \
+                else f'rank {world.rank}: '
+            print(f'error: {where}{error}', file=sys.stderr, flush=True)
         return 1
     except (KeyboardInterrupt, Stopped) as stop:
         if world is not None and world.rank == 0:
-            print(f'\nStopped: the finished runs are in {args.study_dir}; the same command '
-                  'continues the study.', file=sys.stderr, flush=True)
+            print(f'\nStopped: {finished_runs(args.study_dir)} finished runs are in '
+                  f'{args.study_dir}; the same command continues the study.', file=sys.stderr,
+                  flush=True)
         return 130 if isinstance(stop, KeyboardInterrupt) else 143
     finally:
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous_handler)
     return 0
+
+
+def finished_runs(study_dir):
+    """'K of N' from the summary rank 0 wrote as it stopped."""
+    try:
+        with open(os.path.join(study_dir, 'summary.json')) as f:
+            summary = json.load(f)
+        total = len(summary['configs']) * summary['runs_requested']
+        return f"{summary['runs_finished']} of {total}"
+    except (OSError, ValueError, KeyError):
+        return 'the'
 
 
 def report_main(argv):

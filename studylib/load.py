@@ -1,6 +1,5 @@
 """A study's records as a pandas table, one row per run, and its saved outputs as arrays."""
 import glob
-import json
 import os
 
 import numpy as np
@@ -45,15 +44,24 @@ def record_row(record, config):
     return row
 
 
-def load_records(study_dir, study):
-    """Every record (finished or failed run) of the study's configurations."""
+def load_records(study_dir, study, suffix='.json'):
+    """Every record of the study's configurations: of finished runs (RUN.json), or with suffix
+    '.failed.json' the tries of runs that failed and have not been trained since."""
     records = []
     for config in study['configs']:
         for path in sorted(glob.glob(os.path.join(study_dir, 'runs', glob.escape(config),
-                                                  '*.json'))):
-            if '.tmp' not in path:
+                                                  f'[0-9]*{suffix}'))):
+            if '.tmp' not in path and os.path.basename(path).count('.') == suffix.count('.'):
                 records.append(read_json(path, 'remove it to train that run again'))
     return records
+
+
+def failed_runs(study_dir, study):
+    """{config: [the failure record of each try]} of the runs that failed and are not finished."""
+    failed = {}
+    for entry in load_records(study_dir, study, '.failed.json'):
+        failed.setdefault(entry['config'], []).append(entry)
+    return failed
 
 
 def load_outputs(study_dir, records):
@@ -76,7 +84,7 @@ def load_study(study_dir, outputs=True):
     {(config, run): fp32 array (test images, classes)}, 'logits_plain': ..., 'train_mask': ...},
     and 'test_labels' (an int array, when logits were saved)."""
     study = read_study(study_dir)
-    records = [r for r in load_records(study_dir, study) if not r.get('failed')]
+    records = load_records(study_dir, study)
     rows = [record_row(record, study['configs'][record['config']]) for record in records]
     runs = pd.DataFrame(rows)
     if len(runs):

@@ -21,6 +21,11 @@ def record_path(study_dir, config, run):
     return os.path.join(study_dir, 'runs', config, f'{run:05d}.json')
 
 
+def failure_path(study_dir, config, run):
+    """The tries of a run that failed (its exceptions), until a later launch trains it."""
+    return os.path.join(study_dir, 'runs', config, f'{run:05d}.failed.json')
+
+
 def read_json(path, what):
     try:
         with open(path) as f:

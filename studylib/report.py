@@ -5,7 +5,7 @@ import os
 import numpy as np
 
 from . import stats
-from .load import load_study, read_study
+from .load import failed_runs, load_study, read_study
 from .plan import atomic_write
 
 
@@ -23,13 +23,14 @@ def summarize(study_dir, target=None, require_speedup=False, require_variance=Fa
     if require_variance:
         stats.require(variance, 'variance', 'the study needs saved logits (--save-logits, from its '
                       'first launch) and 2 or more finished runs of a configuration')
-    finished = len(runs)
+    finished, failed = len(runs), failed_runs(study_dir, study)
     expected = len(study['configs']) * study['runs']
     summary = dict(
         status='complete' if finished == expected else 'partial', runs_requested=study['runs'],
-        runs_finished=finished, seed=settings['seed'], vary=settings['vary'], target=target,
+        runs_finished=finished, runs_failed=sum(map(len, failed.values())),
+        seed=settings['seed'], vary=settings['vary'], target=target,
         accuracy_on='validation' if settings['val_split'] else 'test',
-        configs=stats.config_summaries(runs, study, target),
+        configs=stats.config_summaries(runs, study, target, failed),
         comparisons=stats.comparisons(runs, study), speedup=speedup, variance=variance,
         launches=[dict(id=launch['id'], started=launch['started'],
                        environment=launch['environment']) for launch in study['launches']])
@@ -55,17 +56,30 @@ def fmt_interval(ci95, digits=4):
 
 
 def config_table(summary):
-    lines = ['| configuration | n | mean | std | 95% CI | p-value of "mean <= target" | '
+    lines = ['| configuration | n | failed | mean | std | 95% CI | p-value of "mean <= target" | '
              'above target at 5% | timed seconds: mean [95% CI] (device) |',
-             '|---|---|---|---|---|---|---|---|']
+             '|---|---|---|---|---|---|---|---|---|']
     for name, c in summary['configs'].items():
         times = '; '.join(f"{fmt(t['mean'], 2)} {fmt_interval(t['ci95'], 2)} ({model}, n {t['n']})"
                           for model, t in c['time_by_device'].items())
         decision = {None: '', True: 'yes', False: 'no'}[c['above_target_at_5pct']]
-        lines.append(f"| {name} | {c['n']} | {fmt(c['mean'])} | {fmt(c['std'])} | "
+        lines.append(f"| {name} | {c['n']} | {c['failed'] or ''} | {fmt(c['mean'])} | "
+                     f"{fmt(c['std'])} | "
                      f"{fmt_interval(c['ci95'])} | {fmt(c['p_mean_at_most_target'], 3)} | "
                      f'{decision} | {times} |')
     return lines
+
+
+def failure_lines(summary):
+    """The failed runs' errors: they are not in the statistics, and the same command retries
+    them."""
+    failed = {name: c for name, c in summary['configs'].items() if c['failed']}
+    if not failed:
+        return []
+    return ['Failed runs (left out of the statistics; the same command retries them; their '
+            'errors are in runs/CONFIG/RUN.failed.json):', '',
+            *(f"- {name}: {c['failed']} ({'; '.join(c['failures'])})" for name, c in
+              failed.items()), '']
 
 
 def comparison_table(summary):
@@ -82,7 +96,7 @@ def speedup_table(speedup):
     lines = [f"Power law error = c + b * epochs^a fitted to each curve's mean errors ({speedup['metric']});"
              f" effective speedup over {speedup['baseline']}: the epochs the baseline's fit needs "
              "for the same error, divided by the epochs, minus 1. 95% bootstrap intervals over "
-             'runs (2000 resamples).', '',
+             f'runs ({stats.RESAMPLES} resamples).', '',
              '| curve | epochs | mean accuracy | fit (a, b, c) | epochs to target [95% CI] | '
              'effective speedup [95% CI] |', '|---|---|---|---|---|---|']
     for label, curve in speedup['curves'].items():
@@ -118,6 +132,7 @@ def report_lines(summary):
     lines = [f"# Study: {summary['accuracy_on']} accuracy with TTA", '',
              f"{summary['runs_finished']} runs finished ({summary['status']}); seeds from "
              f"{summary['seed']}, varying {summary['vary']}.", '', *config_table(summary), '',
+             *failure_lines(summary),
              'std: between runs. 95% CI: of the mean (Student\'s t). Timed seconds per device '
              'model, never averaged across models.']
     if target is not None:

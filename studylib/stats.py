@@ -12,6 +12,7 @@ from . import fits, variance
 from .errors import StudyError
 
 EPOCHS_KEY = 'opt.train_epochs'
+RESAMPLES = 1000  # bootstrap resamples of the report's intervals (each a power-law fit)
 
 
 def finite_or_none(value):
@@ -26,10 +27,10 @@ def describe(values):
     n = len(values)
     entry = dict(n=n, mean=float(np.mean(values)) if n else None, std=None, ci95=None)
     if n > 1:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings():  # samples without spread: scipy warns, gives nan (None)
             warnings.simplefilter('ignore', RuntimeWarning)
             interval = stats.t.interval(0.95, n - 1, loc=entry['mean'], scale=stats.sem(values))
-        entry['std'] = finite_or_none(stats.tstd(values))
+            entry['std'] = finite_or_none(stats.tstd(values))
         entry['ci95'] = [finite_or_none(bound) for bound in interval]
         if None in entry['ci95']:
             entry['ci95'] = None
@@ -53,13 +54,19 @@ def time_by_device(runs):
             for model, group in runs.groupby('device_model', sort=True)}
 
 
-def config_summaries(runs, study, target):
+def config_summaries(runs, study, target, failed):
+    """Per configuration: its accuracies described and tested against the target, its times per
+    device model, and its failed runs (kept out of the statistics; a later launch retries them)."""
     summaries = {}
     for config in study['configs']:
         mine = runs[runs['config'] == config] if len(runs) else runs
         accuracies = list(mine['accuracy']) if len(mine) else []
+        errors = sorted({f"{entry['failures'][-1]['error_type']}: "
+                         f"{(entry['failures'][-1]['error'].splitlines() or [''])[0][:200]}"
+                         for entry in failed.get(config, [])})
         summaries[config] = dict(**describe(accuracies), **target_test(accuracies, target),
-                                 time_by_device=time_by_device(mine) if len(mine) else {})
+                                 time_by_device=time_by_device(mine) if len(mine) else {},
+                                 failed=len(failed.get(config, [])), failures=errors)
     return summaries
 
 
@@ -143,10 +150,11 @@ def speedup_analysis(runs, study, target, metric='accuracy'):
             entry = dict(epochs=epochs, mean_accuracy=means,
                          fit=dict(a=law.a, b=law.b, c=law.c), epochs_to_target=None, speedup={})
             if target is not None:
-                entry['epochs_to_target'] = interval(fits.bootstrap_epochs_to_accuracy(curve, target))
+                entry['epochs_to_target'] = interval(fits.bootstrap_epochs_to_accuracy(
+                    curve, target, resamples=RESAMPLES))
             if label != baseline_label:
                 entry['speedup'] = {str(e): interval(fits.bootstrap_effective_speedup(
-                    baseline, curve[e], e)) for e in epochs}
+                    baseline, curve[e], e, resamples=RESAMPLES)) for e in epochs}
             analysis[label] = entry
     return dict(metric=metric, baseline=baseline_label, target=target, curves=analysis)
 

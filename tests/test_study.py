@@ -38,8 +38,10 @@ def training(width=16, epochs=1, warmup=False):
 
 
 def records(study_dir):
+    """{(config, run): record} of the finished runs (not the tries of failed ones)."""
     return {(r['config'], r['run']): r for r in
-            (json.load(open(path)) for path in glob.glob(f'{study_dir}/runs/*/*.json'))}
+            (json.load(open(path)) for path in glob.glob(f'{study_dir}/runs/*/*.json')
+             if not path.endswith('.failed.json'))}
 
 
 def record_files(study_dir):
@@ -212,7 +214,7 @@ def test_two_nodes_on_localhost_complete_one_study(tmp_path):
     assert study_summary(study_dirs[0])['launches'][0]['environment']['world_size'] == 2
 
 
-def test_a_lost_machine_loses_only_its_unfinished_run(image_folder, tmp_path):
+def test_a_lost_machine_has_its_run_trained_by_another_in_the_same_launch(image_folder, tmp_path):
     study_dir = tmp_path / 'study'
     port = free_port()
     flags = ['--runs', '6', '--lost-after', '2', '--', *training(width=32, epochs=2)]
@@ -222,21 +224,16 @@ def test_a_lost_machine_loses_only_its_unfinished_run(image_folder, tmp_path):
     for pid in [*descendants(node1.pid), node1.pid]:  # the whole machine, mid-run
         os.kill(pid, signal.SIGKILL)
     node1.communicate()
-    node0 = finish(node0)
-    (lost,) = re.findall(r'error: given up (\S+ run \d+) \(rank 1\): no heartbeat', node0.stderr)
-    assert node0.returncode != 0 and 'the same command trains the missing ones' in node0.stderr
+    # the study completes without node 1: its unfinished run goes back to the queue once its
+    # heartbeat has been silent for --lost-after seconds (torchrun on node 0 then waits for the
+    # lost node's agent at its exit barrier: that is torchrun's, so the test stops it)
+    wait_for(lambda: os.path.exists(study_dir / 'summary.json') and
+             study_summary(study_dir)['status'] == 'complete', timeout=180)
+    node0.terminate()
+    output = finish(node0)
     every_run = [('baseline', run) for run in range(6)]
-    missing = [(config, run) for config, run in every_run if f'{config} run {run}' == lost]
-    assert sorted(records(study_dir)) == sorted(set(every_run) - set(missing))
-    before = record_files(study_dir)
-
-    rest = finish(launch('airbench94', '--study-dir', str(study_dir), *flags,
-                         '--data-dir', image_folder))  # on one machine now
-    assert rest.returncode == 0, rest.stderr[-3000:]
-    assert trained(rest.stdout) == missing
     assert sorted(records(study_dir)) == every_run
-    after = record_files(study_dir)
-    assert {path: after[path] for path in before} == before
+    assert sorted(trained(output.stdout)) == every_run  # each written once
 
 
 def test_processes_that_see_different_data_are_refused(tmp_path):

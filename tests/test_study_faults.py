@@ -1,0 +1,305 @@
+"""study.py at scale (issue #21): a process killed under torchrun --max-restarts is replaced and
+the same launch completes the study, every run once, without waiting out a timeout (one node and
+two, static and c10d rendezvous, a worker and rank 0); a stopped process's run is taken over and
+its late record dropped; a run that raises is recorded and retried by the next launch; SIGTERM
+keeps what is finished; outputs of any size travel in chunks; the store may drop connections."""
+import datetime
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from conftest import REPO, descendants, free_port, load_script
+from test_study import (finish, launch, record_files, records, study_main, study_summary,  # noqa
+                        trained, training, wait_for)
+
+load_script('study')  # puts the repository on the path
+from studylib import distribute  # noqa: E402
+from studylib.collect import Collector  # noqa: E402
+
+RUNS = ['--runs', '8', '--', *training(width=32, epochs=2)]
+
+
+def worker(launchers, rank):
+    """The pid of the live worker process of this rank under any of the launchers."""
+    for launcher in launchers:
+        for pid in descendants(launcher.pid):
+            try:
+                with open(f'/proc/{pid}/environ', 'rb') as f:
+                    environment = dict(item.partition(b'=')[::2] for item in f.read().split(b'\0'))
+                with open(f'/proc/{pid}/cmdline', 'rb') as f:
+                    command = f.read()
+                is_study = b'study.py' in command and b'torch.distributed.run' not in command
+            except OSError:
+                continue
+            if environment.get(b'RANK') == str(rank).encode() and is_study:
+                return pid
+    return None
+
+
+def launchers_for(topology, study_dir, data_dir):
+    """torchrun with 2 restarts: one node with two processes, or two nodes of one on localhost."""
+    port, restarts = free_port(), '--max-restarts=2'
+    if topology == 'one node':
+        return [launch('airbench94', '--study-dir', str(study_dir), *RUNS, '--data-dir', data_dir,
+                       launcher=['--nproc_per_node=2', restarts, f'--master-port={port}'])]
+    rendezvous = {'two nodes, static': lambda node: [f'--node-rank={node}'],
+                  'two nodes, c10d': lambda node: ['--rdzv-backend=c10d', '--rdzv-id=test']}
+    launchers = []
+    for node in (0, 1):
+        launchers.append(launch('airbench94', '--study-dir', str(study_dir), *RUNS, '--data-dir',
+                                data_dir, launcher=['--nnodes=2', '--nproc_per_node=1', restarts,
+                                                    f'--rdzv-endpoint=127.0.0.1:{port}',
+                                                    *rendezvous[topology](node)]))
+        time.sleep(0.5)  # node 0's agent first: it serves the store
+    return launchers
+
+
+@pytest.mark.parametrize('topology, rank', [('one node', 1), ('one node', 0),
+                                            ('two nodes, static', 1), ('two nodes, static', 0),
+                                            ('two nodes, c10d', 1), ('two nodes, c10d', 0)])
+def test_a_killed_process_is_replaced_and_the_same_launch_completes(topology, rank, image_folder,
+                                                                   tmp_path):
+    study_dir = tmp_path / 'study'
+    start = time.monotonic()
+    launchers = launchers_for(topology, study_dir, image_folder)
+    wait_for(lambda: len(records(study_dir)) >= 2)
+    victim = worker(launchers, rank)
+    os.kill(victim, signal.SIGKILL)  # mid-study, no chance to clean up
+    results = [finish(launcher, timeout=300) for launcher in launchers]
+    elapsed = time.monotonic() - start
+    assert [result.returncode for result in results] == [0] * len(results), \
+        results[0].stderr[-3000:]
+    every_run = [('baseline', run) for run in range(8)]
+    assert sorted(records(study_dir)) == every_run
+    lines = [line for result in results for line in trained(result.stdout)]
+    assert sorted(lines) == every_run  # each run written once, by the old and the new rank 0
+    assert study_summary(study_dir)['status'] == 'complete'
+    if rank == 0 or topology == 'two nodes, c10d':  # c10d restarts every node's processes
+        assert 'rank 0 rejoins the launch' in ''.join(result.stdout for result in results)
+    # the replacement took the killed process's run at once: --lost-after (300 s) never waited
+    assert elapsed < 150, elapsed
+
+
+def test_a_stopped_process_has_its_run_taken_over_and_its_late_record_dropped(image_folder,
+                                                                              tmp_path):
+    study_dir = tmp_path / 'study'
+    first = launch('airbench94', '--study-dir', str(study_dir), '--lost-after', '3', *RUNS,
+                   '--data-dir', image_folder,
+                   launcher=['--nproc_per_node=2', f'--master-port={free_port()}'])
+    wait_for(lambda: any(r['rank'] == 1 for r in records(study_dir).values()))
+    stopped = worker([first], 1)
+    os.kill(stopped, signal.SIGSTOP)  # alive but silent: a partitioned or frozen machine
+    before_stop = {key for key, r in records(study_dir).items() if r['rank'] == 1}
+    try:
+        wait_for(lambda: os.path.exists(study_dir / 'summary.json') and
+                 study_summary(study_dir)['status'] == 'complete', timeout=180)
+        written = record_files(study_dir)
+    finally:
+        os.kill(stopped, signal.SIGCONT)
+    result = finish(first)
+    assert result.returncode == 0, result.stderr[-3000:]
+    every_run = [('baseline', run) for run in range(8)]
+    assert sorted(records(study_dir)) == every_run
+    assert sorted(trained(result.stdout)) == every_run  # once each: the late record was dropped
+    assert record_files(study_dir) == written  # nothing written after rank 1 woke up
+    # the study was complete while rank 1 was stopped, so its run was taken over
+    assert any(r['rank'] == 0 for key, r in records(study_dir).items() if key not in before_stop)
+
+
+def test_the_holder_of_a_lease_alone_is_written(tmp_path):
+    """The protocol itself, in one process: A's run taken over by B once A counts as dead; A's late
+    record, published under its own token, is never written; B's is, once."""
+    shared = dist.HashStore()
+    store = distribute.ResilientStore(connect=lambda: shared)
+    a, b = distribute.World(store), distribute.World(store)
+    b.token = 'b-token'
+    plan = dict(jobs=[['c', 0]], total=1, launch='x')
+    queue_a, queue_b = distribute.Queue(a, 1, lost_after=60), distribute.Queue(b, 1, lost_after=60)
+    assert queue_a.claim() == (0, 1)
+    assert queue_b.claim() is None  # A is alive: nothing to take
+    store.set(f'dead/{a.token}', '1')  # as A's successor says when torchrun replaces it
+    assert queue_b.claim() == (0, 2)  # B takes the run over: its second attempt
+    record = dict(config='c', run=0, failed=False, diverged=False, accuracy=0.5,
+                  accuracy_on='test', total_time_seconds=1.0, rank=0, host='h', has_outputs=False)
+    assert not queue_a.holds(0)
+    store.set(f'record/0/{a.token}', json.dumps({**record, 'accuracy': 0.1}))  # a late record
+    collector = Collector(a, plan, str(tmp_path))
+    assert collector.collect() == 0  # not the holder's: not written
+    store.set(f'record/0/{b.token}', json.dumps(record))
+    assert collector.collect() == 1 and collector.collect() == 0
+    written = json.load(open(tmp_path / 'runs' / 'c' / '00000.json'))
+    assert written['accuracy'] == 0.5 and collector.all_done()
+
+
+FLAKY_SCRIPT = '''
+_train = train
+def train(data, hyp, *args, **kwargs):
+    if hyp['opt']['lr'] == 7 and os.path.exists(os.environ['AIRBENCH_TEST_FAIL']):
+        raise RuntimeError('CUDA out of memory. Tried to allocate 2.00 GiB (simulated)')
+    return _train(data, hyp, *args, **kwargs)
+'''
+
+
+def test_a_run_that_raises_is_recorded_and_the_next_launch_retries_it(
+        study_main, image_folder, tmp_path, monkeypatch, capsys):
+    script = tmp_path / 'flaky_airbench.py'
+    script.write_text(open(os.path.join(REPO, 'airbench94.py')).read() + FLAKY_SCRIPT)
+    flag = tmp_path / 'fail'
+    flag.write_text('')
+    monkeypatch.setenv('AIRBENCH_TEST_FAIL', str(flag))
+    study_dir = tmp_path / 'study'
+    argv = [str(script), '--runs', '2', '--study-dir', str(study_dir), '--config', 'ok',
+            '--config', 'bad', 'opt.lr=7', '--', *training(), '--data-dir', image_folder]
+    for launch_number in (1, 2):
+        assert study_main(argv) == 1
+        error = capsys.readouterr().err.strip().splitlines()[-1]
+        assert error.startswith('error: 2 runs failed: bad run 0 (RuntimeError), bad run 1 '
+                                '(RuntimeError)') and 'the same command retries them' in error
+        assert sorted(records(study_dir)) == [('ok', 0), ('ok', 1)]
+        tries = json.load(open(study_dir / 'runs' / 'bad' / '00000.failed.json'))['failures']
+        assert len(tries) == launch_number  # one try per launch: a launch always ends
+        assert tries[-1]['error_type'] == 'RuntimeError' and 'out of memory' in tries[-1]['error']
+        assert tries[-1]['host'] == socket.gethostname() and tries[-1]['device'] == 'cpu'
+        summary = study_summary(study_dir)
+        assert summary['configs']['bad']['failed'] == 2 and summary['configs']['bad']['n'] == 0
+        assert summary['configs']['ok']['n'] == 2 and summary['runs_failed'] == 2
+        assert '- bad: 2 (RuntimeError: CUDA out of memory' in open(study_dir / 'report.md').read()
+    flag.unlink()  # the cause is gone: the same command retries and finishes the study
+    assert study_main(argv) == 0
+    found = records(study_dir)
+    assert sorted(found) == [('bad', 0), ('bad', 1), ('ok', 0), ('ok', 1)]
+    assert found[('bad', 0)]['earlier_failures'] == 2
+    assert not list((study_dir / 'runs' / 'bad').glob('*.failed.json'))
+    assert study_summary(study_dir)['configs']['bad']['failed'] == 0
+
+
+def test_sigterm_keeps_the_finished_runs_and_the_same_command_continues(image_folder, tmp_path):
+    study_dir = tmp_path / 'study'
+    args = ['airbench94', '--study-dir', str(study_dir), *RUNS, '--data-dir', image_folder]
+    first = launch(*args)
+    wait_for(lambda: len(records(study_dir)) >= 2)
+    first.send_signal(signal.SIGTERM)  # as scancel, or a scheduler's preemption
+    first = finish(first)
+    assert first.returncode == 143
+    (line,) = [line for line in first.stderr.splitlines() if line.startswith('Stopped')]
+    finished = len(records(study_dir))
+    assert line == (f'Stopped: {finished} of 8 finished runs are in {study_dir}; the same command '
+                    'continues the study.')
+    before = record_files(study_dir)
+    second = finish(launch(*args))
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert sorted(records(study_dir)) == [('baseline', run) for run in range(8)]
+    after = record_files(study_dir)
+    assert {path: after[path] for path in before} == before
+
+
+def test_outputs_larger_than_the_store_takes_arrive_intact():
+    server = dist.TCPStore('127.0.0.1', 0, 1, is_master=True, wait_for_workers=False)
+    store = distribute.ResilientStore(connect=lambda: dist.TCPStore(
+        '127.0.0.1', server.port, 1, is_master=False))
+    payload = torch.randint(0, 256, (20 << 20,), dtype=torch.uint8).numpy().tobytes()  # 20 MiB
+    store.set_large('outputs/0/token', payload)  # the TCPStore refuses values above 8 MiB
+    assert store.get_large('outputs/0/token') == payload
+    store.delete_large('outputs/0/token')
+    assert not store.check('outputs/0/token/count')
+
+
+def test_outputs_travel_in_chunks_and_too_large_outputs_are_refused_before_training(
+        study_main, image_folder, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(distribute, 'CHUNK_BYTES', 1000)  # the logits of 128 images: 3 chunks
+    study_dir = tmp_path / 'study'
+    assert study_main(['airbench94', '--runs', '1', '--study-dir', str(study_dir),
+                       '--save-logits', '--', *training(), '--data-dir', image_folder]) == 0
+    outputs = torch.load(study_dir / 'runs' / 'baseline' / '00000.pt')
+    labels = load_script('airbench94').load_dataset('folder', image_folder)['test']['labels']
+    accuracy = (outputs['logits'].argmax(1) == labels).float().mean().item()
+    assert accuracy == records(study_dir)[('baseline', 0)]['test_acc']
+    monkeypatch.setattr(distribute, 'MAX_OUTPUT_BYTES', 1000)
+    capsys.readouterr()
+    assert study_main(['airbench94', '--runs', '1', '--study-dir', str(tmp_path / 'other'),
+                       '--save-logits', '--', *training(), '--data-dir', image_folder]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith('error: the outputs of a run would be 0 MiB (fp16 logits of 128 test '
+                           'images x 4 classes, twice, and the subset mask), more than the 0 MiB')
+    assert not (tmp_path / 'other').exists()
+
+
+class FlakyStore:
+    """A store that fails every few calls, as a dropped connection does."""
+
+    def __init__(self, store, every):
+        self.store, self.every, self.calls = store, every, 0
+
+    def __getattr__(self, name):
+        def call(*args):
+            self.calls += 1
+            if self.calls % self.every == 0:
+                raise dist.DistNetworkError('Connection reset by peer (simulated)')
+            return getattr(self.store, name)(*args)
+        return call
+
+
+def test_a_store_that_drops_connections_does_not_end_a_study(study_main, image_folder, tmp_path,
+                                                             monkeypatch):
+    shared = dist.HashStore()
+    monkeypatch.setattr(distribute, 'connect_store', lambda: FlakyStore(shared, every=5))
+    study_dir = tmp_path / 'study'
+    assert study_main(['airbench94', '--runs', '3', '--study-dir', str(study_dir), '--config', 'a',
+                       '--config', 'b', 'opt.lr=5', '--', *training(),
+                       '--data-dir', image_folder]) == 0
+    assert len(records(study_dir)) == 6
+
+
+def test_a_dropped_tcp_connection_is_made_again():
+    """Through a proxy that cuts every connection once: the client reconnects, the state stays."""
+    server = dist.TCPStore('127.0.0.1', 0, 1, is_master=True, wait_for_workers=False)
+    listener = socket.create_server(('127.0.0.1', 0))
+    connections = []
+
+    def pump(source, target):
+        try:
+            while data := source.recv(65536):
+                target.sendall(data)
+        except OSError:
+            pass
+
+    def accept():
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(('127.0.0.1', server.port))
+            connections.extend([client, upstream])
+            for source, target in ((client, upstream), (upstream, client)):
+                threading.Thread(target=pump, args=(source, target), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    port = listener.getsockname()[1]
+    store = distribute.ResilientStore(connect=lambda: dist.TCPStore(
+        '127.0.0.1', port, 1, is_master=False, timeout=datetime.timedelta(seconds=5)), patience=30)
+    store.set('kept', 'yes')
+    assert store.add('counter', 2) == 2
+    for connection in list(connections):  # the network drops every connection
+        connection.shutdown(socket.SHUT_RDWR)
+        connection.close()
+    assert store.add('counter', 1) == 3 and store.get('kept') == b'yes'
+    listener.close()
+
+
+def test_a_study_directory_that_is_a_file_is_refused(study_main, image_folder, tmp_path, capsys):
+    path = tmp_path / 'results'
+    path.write_text('not a directory')
+    assert study_main(['airbench94', '--runs', '1', '--study-dir', str(path), '--',
+                       *training(), '--data-dir', image_folder]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == (f'error: --study-dir {path} is a file, not a directory; give a directory '
+                    '(new or holding this study)')
