@@ -84,15 +84,15 @@ def batch_cutout(images, size, generator=None):
     return images.masked_fill(inside.unsqueeze(1), 0)
 
 class CifarLoader:
-    """Shuffled batches (the last partial one dropped) of images held on the device, augmented an
+    """Random batches (the last partial one dropped) of images held on the device, augmented an
     epoch at a time; order and augmentation each from its own generator (None: torch's default).
     Alternating flip: epoch 0 mirrors a random half of the images; then each epoch the others."""
 
     def __init__(self, images, labels, batch_size, mean, std, aug, dtype=torch.float32,
-                 order_generator=None, aug_generator=None):
+                 order_generator=None, aug_generator=None, sampling='reshuffle'):
         self.images = images.permute(0, 3, 1, 2).to(dtype) / 255  # uint8 NHWC -> [0, 1] NCHW
-        self.labels, self.batch_size, self.aug, self.epoch = labels, batch_size, aug, 0
-        self.order_generator, self.aug_generator = order_generator, aug_generator
+        self.labels, self.batch_size, self.aug, self.sampling = labels, batch_size, aug, sampling
+        self.order_generator, self.aug_generator, self.epoch = order_generator, aug_generator, 0
         self.mean = torch.tensor(mean, device=images.device, dtype=dtype).view(1, -1, 1, 1)
         self.std = torch.tensor(std, device=images.device, dtype=dtype).view(1, -1, 1, 1)
         self.padded_images = None  # normalized, pre-flipped and reflect-padded in the first epoch
@@ -124,9 +124,10 @@ class CifarLoader:
     def __iter__(self):
         images = self.augmented_epoch()
         self.epoch += 1
-        indices = torch.randperm(len(images), device=images.device, generator=self.order_generator)
-        for i in range(len(self)):
-            batch = indices[i * self.batch_size:(i + 1) * self.batch_size]
+        n, draw = len(images), dict(device=images.device, generator=self.order_generator)
+        indices = (torch.randint(n, (n,), **draw) if self.sampling == 'replacement'  # N draws
+                   else torch.randperm(n, **draw))
+        for batch in indices[:len(self) * self.batch_size].split(self.batch_size):
             yield images[batch], self.labels[batch]
 
 # -------------------------------------------- Network ---------------------------------------------
@@ -164,10 +165,9 @@ class ConvGroup(nn.Module):
 
 def init_identity(net):
     """The first M filters of each 3x3 conv with M inputs become the identity; the rest stay."""
-    with torch.no_grad():
-        for module in net.modules():
-            if isinstance(module, nn.Conv2d) and module.kernel_size == (3, 3):
-                nn.init.dirac_(module.weight[:module.weight.size(1)])
+    for module in net.modules():
+        if isinstance(module, nn.Conv2d) and module.kernel_size == (3, 3):
+            nn.init.dirac_(module.weight[:module.weight.size(1)])  # in place, without autograd
 
 def make_net(widths, num_classes, batchnorm_momentum, scaling_factor, whiten_kernel_size=2):
     """2x2 whitening conv (31x31 maps) -> three blocks (15, 7, 3) -> 3x3 max-pool -> linear -> x
@@ -227,14 +227,12 @@ def build_net(arch, num_classes, device, precision):
 def whitening_filters(images, kernel_size, eps):
     """Filters whitening the k x k patches of images (N, C, H, W): the eigenvectors of the patches'
     second-moment matrix, largest eigenvalue first, each divided by sqrt(eigenvalue + eps)."""
-    c = images.size(1)
     patches = images.unfold(2, kernel_size, 1).unfold(3, kernel_size, 1)  # N, C, H', W', k, k
-    patches = patches.permute(0, 2, 3, 1, 4, 5).reshape(-1, c * kernel_size**2).float()
+    patches = patches.permute(0, 2, 3, 1, 4, 5).reshape(-1, images.size(1) * kernel_size**2).float()
     second_moment = patches.T @ patches / len(patches)
-    eigenvalues, eigenvectors = torch.linalg.eigh(second_moment)  # ascending order
-    eigenvalues, eigenvectors = eigenvalues.flip(0), eigenvectors.flip(1)
+    eigenvalues, eigenvectors = (t.flip(-1) for t in torch.linalg.eigh(second_moment))  # descending
     filters = eigenvectors.T / torch.sqrt(eigenvalues + eps).view(-1, 1)
-    return filters.reshape(-1, c, kernel_size, kernel_size)
+    return filters.reshape(-1, images.size(1), kernel_size, kernel_size)
 
 def init_whitening(layer, images, eps):
     """Set the frozen whitening conv to [W, -W] (the negations keep what the GELU after it would
@@ -599,10 +597,15 @@ def study_hyp(args):
         except (ValueError, SyntaxError):
             node[name] = value
     run_hyp['opt']['train_epochs'] = args.epochs or run_hyp['opt']['train_epochs']
-    if run_hyp['aug']['flip'] not in ('alternating', 'random', 'none'):
-        raise ValueError("--hyp aug.flip takes 'alternating', 'random' or 'none'")
-    if run_hyp['net']['tta_level'] not in (0, 1, 2):
-        raise ValueError('--hyp net.tta_level takes 0, 1 or 2')
+    choices = {('aug', 'flip'): ('alternating', 'random', 'none'), ('net', 'tta_level'): (0, 1, 2),
+               ('opt', 'sampling'): ('reshuffle', 'replacement'), ('net', 'whiten'): (True, False),
+               ('net', 'identity_init'): (True, False)}
+    for (group, name), allowed in choices.items():  # of those keys, the ones this script's hyp has
+        if run_hyp[group].get(name, allowed[0]) not in allowed:
+            *others, last = map(repr, allowed)
+            raise ValueError(f"--hyp {group}.{name} takes {', '.join(others)} or {last}")
+    if not isinstance(every := run_hyp['opt'].get('lookahead_every', 0), int) or every < 0:
+        raise ValueError('--hyp opt.lookahead_every takes a whole number of steps, 0: no Lookahead')
     return run_hyp
 
 def parse_args(argv):

@@ -23,18 +23,18 @@ import torch.nn.functional as F
 from torch import nn
 
 # ---------------------------------------- Hyperparameters -----------------------------------------
-# lr and weight decay are "decoupled" (see decoupled_sgd_groups), so each can be tuned alone.
 hyp = {
     'opt': {
         'train_epochs': 15,         # epochs; a fractional last epoch stops mid-epoch
         'batch_size': 1024,         # examples per step; the last partial batch is dropped
+        'sampling': 'reshuffle',    # each epoch a permutation; 'replacement': N uniform draws
         'lr': 10.0,                 # learning rate per 1024 examples
-        'momentum': 0.85,           # Nesterov momentum
+        'momentum': 0.85,           # Nesterov momentum (lr and decay are decoupled from it)
         'weight_decay': 0.0153,     # weight decay per 1024 examples, independent of the lr
         'bias_scaler': 64.0,        # BatchNorm biases get this times the lr (same decay strength)
         'label_smoothing': 0.2,     # of the cross-entropy, which is summed over the batch
         'whiten_bias_epochs': 3,    # epochs for which the whitening layer's bias is trained
-        'lookahead_every': 5,       # steps between Lookahead updates
+        'lookahead_every': 5,       # steps between Lookahead updates; 0 or above the run's: none
     },
     'aug': {
         'flip': 'alternating',      # 'alternating' (the paper's), 'random' (coin per epoch), 'none'
@@ -45,7 +45,9 @@ hyp = {
         'widths': {'block1': 128, 'block2': 384, 'block3': 384},   # output channels per block
         'batchnorm_momentum': 0.6,  # running = 0.6 * running + 0.4 * batch statistic
         'scaling_factor': 1 / 9,    # the logits are multiplied by this
+        'whiten': True,             # False: a plain first conv (default init), trained every epoch
         'whiten_eps': 5e-4,         # added to the patch eigenvalues before the inverse square root
+        'identity_init': True,      # False: the 3x3 convs keep PyTorch's default init
         'tta_level': 2,             # 0: plain, 1: mirror, 2: mirror and two one-pixel translations
     },
 }
@@ -75,15 +77,15 @@ def batch_cutout(images, size, generator=None):
     return images.masked_fill(inside.unsqueeze(1), 0)
 
 class CifarLoader:
-    """Shuffled batches (the last partial one dropped) of images held on the device, augmented an
+    """Random batches (the last partial one dropped) of images held on the device, augmented an
     epoch at a time; order and augmentation each from its own generator (None: torch's default).
     Alternating flip: epoch 0 mirrors a random half of the images; then each epoch the others."""
 
     def __init__(self, images, labels, batch_size, mean, std, aug, dtype=torch.float32,
-                 order_generator=None, aug_generator=None):
+                 order_generator=None, aug_generator=None, sampling='reshuffle'):
         self.images = images.permute(0, 3, 1, 2).to(dtype) / 255  # uint8 NHWC -> [0, 1] NCHW
-        self.labels, self.batch_size, self.aug, self.epoch = labels, batch_size, aug, 0
-        self.order_generator, self.aug_generator = order_generator, aug_generator
+        self.labels, self.batch_size, self.aug, self.sampling = labels, batch_size, aug, sampling
+        self.order_generator, self.aug_generator, self.epoch = order_generator, aug_generator, 0
         self.mean = torch.tensor(mean, device=images.device, dtype=dtype).view(1, -1, 1, 1)
         self.std = torch.tensor(std, device=images.device, dtype=dtype).view(1, -1, 1, 1)
         self.padded_images = None  # normalized, pre-flipped and reflect-padded in the first epoch
@@ -115,12 +117,13 @@ class CifarLoader:
     def __iter__(self):
         images = self.augmented_epoch()
         self.epoch += 1
-        indices = torch.randperm(len(images), device=images.device, generator=self.order_generator)
-        for i in range(len(self)):
-            batch = indices[i * self.batch_size:(i + 1) * self.batch_size]
+        n, draw = len(images), dict(device=images.device, generator=self.order_generator)
+        indices = (torch.randint(n, (n,), **draw) if self.sampling == 'replacement'  # N draws
+                   else torch.randperm(n, **draw))
+        for batch in indices[:len(self) * self.batch_size].split(self.batch_size):
             yield images[batch], self.labels[batch]
 
-# -------------------------------------------- Network ---------------------------------------------
+# --------------------------------- Network and its initialization ---------------------------------
 class Mul(nn.Module):
     def __init__(self, scale):
         super().__init__()
@@ -155,10 +158,9 @@ class ConvGroup(nn.Module):
 
 def init_identity(net):
     """The first M filters of each 3x3 conv with M inputs become the identity; the rest stay."""
-    with torch.no_grad():
-        for module in net.modules():
-            if isinstance(module, nn.Conv2d) and module.kernel_size == (3, 3):
-                nn.init.dirac_(module.weight[:module.weight.size(1)])
+    for module in net.modules():
+        if isinstance(module, nn.Conv2d) and module.kernel_size == (3, 3):
+            nn.init.dirac_(module.weight[:module.weight.size(1)])  # in place, without autograd
 
 def make_net(widths, num_classes, batchnorm_momentum, scaling_factor, whiten_kernel_size=2):
     """2x2 whitening conv (31x31 maps) -> three blocks (15, 7, 3) -> 3x3 max-pool -> linear -> x
@@ -175,18 +177,18 @@ def make_net(widths, num_classes, batchnorm_momentum, scaling_factor, whiten_ker
         nn.Linear(widths['block3'], num_classes, bias=False),
         Mul(scaling_factor),
     )
-    net[0].weight.requires_grad = False
-    init_identity(net)
+    reinitialize(net)
     return net
 
-def reinitialize(net):
-    """A network from make_net as if built anew (fresh default init, identity init, whitening bias
-    trainable), so that one built, or compiled, network can serve many runs."""
+def reinitialize(net, whiten=True, identity_init=True):
+    """make_net's network anew (default init, identity init if identity_init, the first conv's bias
+    trainable, its weights too unless whiten): one built, or compiled, network serves many runs."""
     for module in net.modules():
         if hasattr(module, 'reset_parameters'):  # PyTorch's default init of each layer
             module.reset_parameters()
-    init_identity(net)
-    net[0].bias.requires_grad = True
+    if identity_init:
+        init_identity(net)
+    net[0].weight.requires_grad, net[0].bias.requires_grad = not whiten, True
 
 def build_net(arch, num_classes, device, precision):
     """make_net from hyp['net'], on the device in a precision recipe, channels_last. 'fp16': the
@@ -201,18 +203,15 @@ def build_net(arch, num_classes, device, precision):
                 module.float()
     return net
 
-# ------------------------------------------- Whitening --------------------------------------------
 def whitening_filters(images, kernel_size, eps):
     """Filters whitening the k x k patches of images (N, C, H, W): the eigenvectors of the patches'
     second-moment matrix, largest eigenvalue first, each divided by sqrt(eigenvalue + eps)."""
-    c = images.size(1)
     patches = images.unfold(2, kernel_size, 1).unfold(3, kernel_size, 1)  # N, C, H', W', k, k
-    patches = patches.permute(0, 2, 3, 1, 4, 5).reshape(-1, c * kernel_size**2).float()
+    patches = patches.permute(0, 2, 3, 1, 4, 5).reshape(-1, images.size(1) * kernel_size**2).float()
     second_moment = patches.T @ patches / len(patches)
-    eigenvalues, eigenvectors = torch.linalg.eigh(second_moment)  # ascending order
-    eigenvalues, eigenvectors = eigenvalues.flip(0), eigenvectors.flip(1)
+    eigenvalues, eigenvectors = (t.flip(-1) for t in torch.linalg.eigh(second_moment))  # descending
     filters = eigenvectors.T / torch.sqrt(eigenvalues + eps).view(-1, 1)
-    return filters.reshape(-1, c, kernel_size, kernel_size)
+    return filters.reshape(-1, images.size(1), kernel_size, kernel_size)
 
 def init_whitening(layer, images, eps):
     """Set the frozen whitening conv to [W, -W] (the negations keep what the GELU after it would
@@ -221,26 +220,6 @@ def init_whitening(layer, images, eps):
     with torch.no_grad():
         layer.weight.copy_(torch.cat([filters, -filters]))
         layer.bias.zero_()
-
-# ------------------------------------------- Lookahead --------------------------------------------
-class LookaheadState:
-    """A slow copy of the model state's floats (parameters, BatchNorm statistics). update() moves it
-    toward the live model by (1 - decay), then sets the live model to it."""
-
-    def __init__(self, net):
-        self.slow = {name: tensor.detach().clone() for name, tensor in net.state_dict().items()
-                     if tensor.is_floating_point()}
-
-    def update(self, net, decay):
-        with torch.no_grad():
-            for name, live in net.state_dict().items():
-                if name in self.slow:
-                    self.slow[name].lerp_(live, 1 - decay)
-                    live.copy_(self.slow[name])
-
-def lookahead_decay(step, total_steps):
-    """The slow copy's decay: 0.95**5 at the end of training, ramping up as step**3."""
-    return 0.95**5 * (step / total_steps)**3
 
 # --------------------------------------- Evaluation and TTA ---------------------------------------
 EVAL_BATCH_SIZE = 2000  # test images per forward pass
@@ -265,13 +244,12 @@ def infer(net, images, tta_level, autocast, batch_size=EVAL_BATCH_SIZE):
     with torch.no_grad(), autocast:
         return torch.cat([predict(batch) for batch in images.split(batch_size)])
 
-# --------------------------------- Optimizer groups and schedule ----------------------------------
+# ---------------------------- Optimizer groups, schedule and Lookahead ----------------------------
 def decoupled_sgd_groups(net, lr, weight_decay, momentum, batch_size, bias_scaler):
     """Parameter groups for torch.optim.SGD from the decoupled lr and weight decay (each per 1024
     examples). With constant gradients, Nesterov momentum makes the steps 1 + 1/(1 - momentum)
-    times the gradient, so dividing by that keeps the step size independent of momentum. The decay
-    per step, lr * weight_decay in PyTorch's terms, is the same for every group, so the 64x lr of
-    the BatchNorm biases does not change their decay."""
+    times the gradient: dividing by that makes the step size independent of momentum. The decay
+    per step (PyTorch's lr * weight_decay) is the same in every group, whatever its lr."""
     kilostep_scale = 1024 * (1 + 1 / (1 - momentum))
     base_lr, bias_lr = lr / kilostep_scale, bias_scaler * lr / kilostep_scale
     decay_per_step = weight_decay * batch_size / kilostep_scale
@@ -288,6 +266,24 @@ def lr_schedule(total_steps, start=0.2, peak_fraction=0.23, end=0.07):
     warmup = start + (1 - start) * steps / max(peak, 1)
     decay = 1 + (end - 1) * (steps - peak) / max(total_steps - peak, 1)
     return torch.where(steps < peak, warmup, decay)
+
+class LookaheadState:
+    """A slow copy of the model state's floats (parameters, BatchNorm statistics). update() moves it
+    toward the live model by (1 - decay), then sets the live model to it."""
+
+    def __init__(self, net):
+        self.slow = {key: t.clone() for key, t in net.state_dict().items() if t.is_floating_point()}
+
+    def update(self, net, decay):
+        with torch.no_grad():
+            for name, live in net.state_dict().items():
+                if name in self.slow:
+                    self.slow[name].lerp_(live, 1 - decay)
+                    live.copy_(self.slow[name])
+
+def lookahead_decay(step, total_steps):
+    """The slow copy's decay: 0.95**5 at the end of training, ramping up as step**3."""
+    return 0.95**5 * (step / total_steps)**3
 
 # -------------------------------------------- Training --------------------------------------------
 def synchronized_time(device):
@@ -306,24 +302,21 @@ def train(data, hyp, device, precision, seed, net=None, epoch_eval=True, on_epoc
     randomness has its own generator, so a study can vary one and hold the others). data: uint8
     images (N, 32, 32, 3) and labels of 'train' and 'test' on the device, 'classes', 'mean', 'std'.
     net: from build_net, reinitialized and trained in place (built when None). on_epoch(figures)
-    gets each epoch's figures outside the timed region (it may raise to stop). Returns the run's
-    figures and the trained network."""
+    gets each epoch's figures, untimed (it may raise to stop). Returns the run's figures and net."""
     opt, arch = hyp['opt'], hyp['net']
     batch_size, epochs = opt['batch_size'], opt['train_epochs']
     dtype = torch.float16 if precision == 'fp16' else torch.float32
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=(precision == 'bf16'))
     seeds = seed if isinstance(seed, dict) else source_seeds(seed)
     generators = [torch.Generator(device).manual_seed(seeds[key]) for key in ('order', 'aug')]
-    train_loader = CifarLoader(data['train']['images'], data['train']['labels'], batch_size,
-                               data['mean'], data['std'], hyp['aug'], dtype, *generators)
+    loader = CifarLoader(data['train']['images'], data['train']['labels'], batch_size, data['mean'],
+                         data['std'], hyp['aug'], dtype, *generators, sampling=opt['sampling'])
     test_images, test_labels = data['test']['images'].permute(0, 3, 1, 2), data['test']['labels']
-    test_images = train_loader.normalize(test_images.to(dtype) / 255)
-    total_steps = ceil(len(train_loader) * epochs)
-
-    if net is None:
-        net = build_net(arch, len(data['classes']), device, precision)
+    test_images = loader.normalize(test_images.to(dtype) / 255)
+    total_steps = ceil(len(loader) * epochs)
+    net = build_net(arch, len(data['classes']), device, precision) if net is None else net
     torch.manual_seed(seeds['init'])
-    reinitialize(net)
+    reinitialize(net, arch['whiten'], arch['identity_init'])
     groups = decoupled_sgd_groups(net, opt['lr'], opt['weight_decay'], opt['momentum'],
                                   batch_size, opt['bias_scaler'])
     optimizer = torch.optim.SGD(groups, momentum=opt['momentum'], nesterov=True)
@@ -333,16 +326,17 @@ def train(data, hyp, device, precision, seed, net=None, epoch_eval=True, on_epoc
 
     # Timed: the whitening init from the first 5000 training images (the first touch of the data)
     start_time = synchronized_time(device)
-    init_whitening(net[0], train_loader.normalize(train_loader.images[:5000]), arch['whiten_eps'])
-    lookahead = LookaheadState(net)
+    if arch['whiten']:
+        init_whitening(net[0], loader.normalize(loader.images[:5000]), arch['whiten_eps'])
+    lookahead = LookaheadState(net) if 0 < opt['lookahead_every'] <= total_steps else None
     total_time_seconds = synchronized_time(device) - start_time
 
     step, epoch_train_losses, val_acc = 0, [], None
     for epoch in range(ceil(epochs)):
-        net[0].bias.requires_grad = epoch < opt['whiten_bias_epochs']
+        net[0].bias.requires_grad = epoch < opt['whiten_bias_epochs'] or not arch['whiten']
         start_time = synchronized_time(device)
         net.train()
-        for inputs, labels in train_loader:
+        for inputs, labels in loader:
             for group, initial_lr in zip(optimizer.param_groups, initial_lrs):
                 group['lr'] = initial_lr * lr_multipliers[step]
             with autocast:
@@ -352,10 +346,11 @@ def train(data, hyp, device, precision, seed, net=None, epoch_eval=True, on_epoc
             loss.backward()
             optimizer.step()
             step += 1
-            if step % opt['lookahead_every'] == 0:
+            if lookahead is not None and step % opt['lookahead_every'] == 0:
                 lookahead.update(net, decay=lookahead_decay(step, total_steps))
             if step >= total_steps:
-                lookahead.update(net, decay=1.0)  # the live model becomes the slow copy
+                if lookahead is not None:  # the live model becomes the slow copy
+                    lookahead.update(net, decay=1.0)
                 break
         total_time_seconds += synchronized_time(device) - start_time
 
@@ -559,10 +554,15 @@ def study_hyp(args):
         except (ValueError, SyntaxError):
             node[name] = value
     run_hyp['opt']['train_epochs'] = args.epochs or run_hyp['opt']['train_epochs']
-    if run_hyp['aug']['flip'] not in ('alternating', 'random', 'none'):
-        raise ValueError("--hyp aug.flip takes 'alternating', 'random' or 'none'")
-    if run_hyp['net']['tta_level'] not in (0, 1, 2):
-        raise ValueError('--hyp net.tta_level takes 0, 1 or 2')
+    choices = {('aug', 'flip'): ('alternating', 'random', 'none'), ('net', 'tta_level'): (0, 1, 2),
+               ('opt', 'sampling'): ('reshuffle', 'replacement'), ('net', 'whiten'): (True, False),
+               ('net', 'identity_init'): (True, False)}
+    for (group, name), allowed in choices.items():  # of those keys, the ones this script's hyp has
+        if run_hyp[group].get(name, allowed[0]) not in allowed:
+            *others, last = map(repr, allowed)
+            raise ValueError(f"--hyp {group}.{name} takes {', '.join(others)} or {last}")
+    if not isinstance(every := run_hyp['opt'].get('lookahead_every', 0), int) or every < 0:
+        raise ValueError('--hyp opt.lookahead_every takes a whole number of steps, 0: no Lookahead')
     return run_hyp
 
 def parse_args(argv):

@@ -1,5 +1,6 @@
 """airbench94_compiled: the same training as airbench94, every graph compiled in the warmup, with
 static shapes."""
+import pytest
 import torch
 from torch import nn
 
@@ -34,10 +35,20 @@ def test_compiled_matches_eager_and_never_recompiles_after_warmup(image_folder, 
     assert eager['graphs_compiled_in_warmup'] == 0
 
 
-def test_every_graph_static_and_compiled_in_the_warmup(tmp_path, monkeypatch):
+# The paper's ablations, all at once: without whitening the first conv trains throughout (no
+# freeze, so one training graph and one evaluation graph per batch size); the others add no graph.
+# With no freeze to cross, 2 epochs do (and flip-only TTA, the quicker)
+ABLATIONS = ['net.whiten=False', 'net.identity_init=False', 'opt.lookahead_every=0',
+             'opt.sampling=replacement', 'opt.bias_scaler=1', 'net.tta_level=1']
+
+
+@pytest.mark.parametrize('settings, epochs, graph_count', [([], 4, 6), (ABLATIONS, 2, 3)])
+def test_every_graph_static_and_compiled_in_the_warmup(tmp_path, monkeypatch, settings, epochs,
+                                                        graph_count):
     """Evaluation batches of two sizes (2000 and a remainder) and the whitening-bias freeze: with
     dynamo's automatic dynamic shapes the second size met would recompile the graph with a symbolic
     batch size. A recording backend sees each graph's example inputs."""
+    torch._dynamo.reset()  # graphs of earlier tests would count toward dynamo's recompile limit
     compiled = load_script('airbench94_compiled')
     graphs = []
 
@@ -52,11 +63,14 @@ def test_every_graph_static_and_compiled_in_the_warmup(tmp_path, monkeypatch):
     test = tiny_dataset(per_class=1050)['train']  # 2100 test images: batches of 2000 and 100
     monkeypatch.setattr(compiled, 'load_dataset', lambda *args, **kwargs: {**data, 'test': test})
     code = compiled.main(['--runs', '1', '--seed', '0', '--hyp', 'opt.batch_size=32', '--epochs',
-                          '4', '--device', 'cpu', '--precision', 'fp32',
-                          '--log-dir', str(tmp_path)])
+                          str(epochs), '--device', 'cpu', '--precision', 'fp32',
+                          '--log-dir', str(tmp_path), *[a for s in settings for a in ('--hyp', s)]])
     assert code == 0
     summary = summary_of(tmp_path)
-    assert summary['graphs_compiled_in_warmup'] == len(graphs) == 6
+    hyp = summary['hyp']
+    assert (hyp['net']['whiten'], hyp['opt']['lookahead_every']) == ((False, 0) if settings else
+                                                                     (True, 5))
+    assert summary['graphs_compiled_in_warmup'] == len(graphs) == graph_count
     assert summary['runs'][0]['graphs_compiled_since_warmup'] == 0
     batch_sizes = sorted({shape[0] for shapes in graphs for shape in shapes
                           if tuple(shape[1:]) == (3, 32, 32)})  # the images among the inputs
