@@ -37,9 +37,10 @@ from studylib.fits import effective_speedup, epochs_to_accuracy, fit_power_law  
 from studylib.launch import main  # noqa: E402
 from studylib.load import load_study  # noqa: E402
 from studylib.report import write_outputs  # noqa: E402
+from studylib.stats import describe  # noqa: E402
 
 __all__ = ['main', 'load_study', 'write_outputs', 'effective_speedup', 'epochs_to_accuracy',
-           'fit_power_law']
+           'fit_power_law', 'describe']
 
 if __name__ == '__main__':
     sys.exit(main())

@@ -1,10 +1,8 @@
 """study.py's configurations (issue #20): any script, also outside the repository, grids, studies
 that gain configurations, paired seeds across scripts, warmup before timing, load_study, the
 report rebuilt without training, and bad input refused in one line."""
-import glob
 import json
 import os
-import shutil
 
 import pandas as pd
 import pytest
