@@ -6,7 +6,7 @@ with frozen patch-whitening init, identity init, Nesterov SGD with Lookahead, al
 six-view test-time augmentation (TTA). Training costs 0.36 PFLOPs (paper; this code counts 0.35).
 
 Evidence: NVIDIA A100 (the paper, torch 2.1.2): 94.01% mean TTA accuracy, n=1000, 3.83 s per run.
-CPUs, CIFAR-10 re-encoded as JPEG: README.md's results table (n, host, command). Timed as in the
+CPUs, CIFAR-10 re-encoded as JPEG: docs/cpu.md's results (n, host, command). Timed as in the
 paper: from the first touch of training data (whitening init) to the test predictions (after TTA).
 Run: python airbench94.py --runs 25 --data-dir data/cifar10 (see --help). Importing it runs nothing.
 """
@@ -607,7 +607,7 @@ def resolve_device_precision(device_name, precision):
 
 def keep_freed_memory_in_process():
     """Make glibc's malloc keep freed memory: by default each CPU training step would page-fault
-    and zero-fill its large activations anew (README.md, "CPU speed"). False without glibc."""
+    and zero-fill its large activations anew (docs/cpu.md, "Speed"). False without glibc."""
     try:
         libc = ctypes.CDLL(None)
         mallopt, _ = libc.mallopt, libc.gnu_get_libc_version  # both exist only in glibc

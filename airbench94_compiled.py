@@ -15,7 +15,7 @@ Changes relative to airbench94.py (everything else is identical, block for block
   per batch size serves every view (static shapes would otherwise compile one for them too).
 
 Evidence: NVIDIA A100 (the paper, max-autotune): 94.01% mean TTA accuracy, 3.29 s per run. CPUs,
-CIFAR-10 re-encoded as JPEG: README.md's results table (n, host, command). Timed as in the paper:
+CIFAR-10 re-encoded as JPEG: docs/cpu.md's results (n, host, command). Timed as in the paper:
 from the first touch of training data (whitening init) to the test predictions (after TTA).
 
 Run: python airbench94_compiled.py --runs 25 (see --help). Importing it only defines
@@ -624,7 +624,7 @@ def resolve_device_precision(device_name, precision):
 
 def keep_freed_memory_in_process():
     """Make glibc's malloc keep freed memory: by default each CPU training step would page-fault
-    and zero-fill its large activations anew (README.md, "CPU speed"). False without glibc."""
+    and zero-fill its large activations anew (docs/cpu.md, "Speed"). False without glibc."""
     try:
         libc = ctypes.CDLL(None)
         mallopt, _ = libc.mallopt, libc.gnu_get_libc_version  # both exist only in glibc

@@ -9,7 +9,7 @@ Changes relative to airbench94.py (everything else is identical, block for block
 - learning rate 10.0 per 1024 examples instead of 11.5 (the paper's "factor of 0.87").
 
 Evidence: NVIDIA A100 (the paper): 95.01% mean TTA accuracy, 10.4 s per run. CPUs, CIFAR-10
-re-encoded as JPEG: README.md's results table (n, host, command). Timed as in the paper: from the
+re-encoded as JPEG: docs/cpu.md's results (n, host, command). Timed as in the paper: from the
 first touch of training data (whitening init) to the test predictions (after TTA).
 
 Run: python airbench95.py --runs 10 --data-dir data/cifar10 (see --help). Importing it only defines
@@ -612,7 +612,7 @@ def resolve_device_precision(device_name, precision):
 
 def keep_freed_memory_in_process():
     """Make glibc's malloc keep freed memory: by default each CPU training step would page-fault
-    and zero-fill its large activations anew (README.md, "CPU speed"). False without glibc."""
+    and zero-fill its large activations anew (docs/cpu.md, "Speed"). False without glibc."""
     try:
         libc = ctypes.CDLL(None)
         mallopt, _ = libc.mallopt, libc.gnu_get_libc_version  # both exist only in glibc

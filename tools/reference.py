@@ -1,47 +1,238 @@
-"""Run the published reference (../shared/tools/reference_airbench_cpu.py) in a chosen precision.
+"""Run a published airbench script on this CPU, in the precision our scripts use here, so that ours
+can be measured beside it on the same machine and data.
 
-That tool runs the reference's forward passes under bf16 autocast. On CPUs without native bf16
-(no AVX512-BF16 or AMX, such as AVX2-only AMD EPYC) bf16 convolutions are about 8x slower than
-fp32, so there this wrapper disables the autocast (--precision fp32, the default where bf16 is not
-native) and the reference is measured in the same precision our scripts choose. Nothing else of
-the tool changes.
+Where to get them: the authors' repository, https://github.com/KellerJordan/cifar10-airbench. The
+paper's scripts are airbench94.py, airbench94_compiled.py, airbench95.py and airbench96.py at
+commit 04512094b7341d95ed02f697c5f5db404556137e (docs/cpu.md, "The published scripts"); the later
+records are airbench94_muon.py (commit f1c599c) and airbench96_faster.py. Download the one you want
+and give its path; this tool runs the published file itself, so its name does not matter.
 
-Usage: python tools/reference.py [--precision auto|fp32|bf16] [TOOL ARGS ...]
-e.g.   python tools/reference.py --variant 94 --runs 1
+They are CUDA-only as written. Here, and nothing else changes:
+- tensors and modules stay on the CPU (.cuda() returns them as they are, torch.load maps to the
+  CPU); fp16 becomes fp32 (.half() of modules and tensors), as in our CPU recipe;
+- the network's forward pass (what make_net returns, or CifarNet's) runs under bf16 autocast where
+  the CPU has native bf16, else in fp32 (or as --precision says), and returns fp32 logits, as our
+  train() does there; what the script computes in its own dtype (the Muon record's bf16
+  Newton-Schulz) keeps it;
+- torch.compile and nn.Module.compile compile nothing (our scripts run eagerly on the CPU:
+  inductor's CPU code was slower); a compiled module is the module itself, reachable as ._orig_mod;
+- CUDA events read time.perf_counter() at the same points; torch.cuda.synchronize, empty_cache and
+  _sleep do nothing;
+- --epochs E sets the script's hyp['opt']['train_epochs'] as our --epochs sets ours (the Muon
+  record has no hyp: its 8 in ceil(8 * len(train_loader)) becomes E);
+- the script's main block runs as written, but its loop over runs (range(N) there) makes --runs
+  runs; with --warmup (the default, as in our scripts) an untimed main('warmup', ...) on dummy
+  labels comes first where main() has one and the block does not call it (the paper's 94, 95 and
+  96 have that call commented out); with --no-warmup no warmup runs at all. airbench96_faster.py's
+  main() has no warmup run, so none runs there.
+Its data: our loader's tensor cache of --data-dir (load_dataset of airbench94.py), written as the
+script's ./cifar10/{train,test}.pt in --workdir, where its logs go too.
+
+Usage: python tools/reference.py SCRIPT.py --data-dir DIR [--runs 1] [--epochs E]
+           [--precision auto|bf16|fp32] [--no-warmup] [--workdir /tmp/airbench-reference]
+e.g.   python tools/reference.py ~/cifar10-airbench/airbench96_faster.py --data-dir DIR --runs 2
+Prints the script's own per-epoch table, then one JSON line per run and a JSON summary line (mean
+TTA accuracy and timed seconds, the script's own timer).
 """
 import argparse
+import ast
 import importlib.util
+import json
 import os
 import sys
+import time
 
 import torch
+from torch import nn
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TOOL = os.path.join(REPO, '..', 'shared', 'tools', 'reference_airbench_cpu.py')
+MUON_RECORD_EPOCHS = 'ceil(8 * len(train_loader))'  # the Muon record's schedule, which has no hyp
 
 
-def native_bf16():
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
+class Uncompiled(nn.Module):
+    """What torch.compile returns here: the module, run eagerly, kept as ._orig_mod as a compiled
+    module keeps it (the scripts reach the whitening layer through it)."""
+
+    def __init__(self, module):
+        super().__init__()
+        self._orig_mod = module
+
+    def forward(self, *args, **kwargs):
+        return self._orig_mod(*args, **kwargs)
+
+
+def uncompiled(model=None, **kwargs):
+    """torch.compile's stand-in, also as a decorator with or without arguments."""
+    if model is None:
+        return lambda function: uncompiled(function)
+    return Uncompiled(model) if isinstance(model, nn.Module) else model
+
+
+class Event:
+    """torch.cuda.Event's stand-in: the host clock, read where the script records the event."""
+
+    def __init__(self, **kwargs):
+        self.seconds = None
+
+    def record(self):
+        self.seconds = time.perf_counter()
+
+    def elapsed_time(self, end):
+        return 1e3 * (end.seconds - self.seconds)
+
+
+def redirect_cuda_to_cpu():
+    """Make the script's CUDA calls run on the CPU, in fp32 weights, uncompiled."""
+    nn.Module.cuda = lambda self, *args, **kwargs: self
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self
+    nn.Module.half = lambda self: self.float()
+    torch.Tensor.half = lambda self, *args, **kwargs: self.float()
+    nn.Module.compile = lambda self, *args, **kwargs: None
+    torch.compile = uncompiled
+    load_tensors = torch.load
+    torch.load = lambda path, *args, map_location=None, **kwargs: load_tensors(
+        path, *args, map_location='cpu', **kwargs)
+    torch.cuda.Event = Event
+    for name in ('synchronize', 'empty_cache', '_sleep'):
+        setattr(torch.cuda, name, lambda *args, **kwargs: None)
+
+
+def in_precision(forward, bf16):
+    """forward under bf16 autocast (or none), returning fp32, as our train() runs the network."""
+    def forward_in_precision(*args, **kwargs):
+        with torch.autocast('cpu', dtype=torch.bfloat16, enabled=bf16):
+            return forward(*args, **kwargs).float()
+    return forward_in_precision
+
+
+def write_script_cache(data_dir, workdir):
+    """Our loader's tensors of data_dir as the script's cifar10/train.pt and test.pt."""
+    spec = importlib.util.spec_from_file_location('airbench94', os.path.join(REPO, 'airbench94.py'))
+    ours = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ours)
+    data = ours.load_dataset('cifar10', data_dir)
+    os.makedirs(os.path.join(workdir, 'cifar10'), exist_ok=True)
+    for split in ('train', 'test'):
+        torch.save({'images': data[split]['images'], 'labels': data[split]['labels'],
+                    'classes': data['classes']}, os.path.join(workdir, 'cifar10', f'{split}.pt'))
+
+
+class RunsLoop(ast.NodeTransformer):
+    """range(N) in the main block, the loop over runs, becomes range(__runs__)."""
+
+    def visit_Call(self, node):
+        self.generic_visit(node)
+        if isinstance(node.func, ast.Name) and node.func.id == 'range' and len(node.args) == 1:
+            node.args = [ast.Name('__runs__', ast.Load())]
+        return node
+
+
+def split_script(source, path):
+    """(the definitions, the main block's statements with --runs runs, whether main() has a warmup
+    run, whether the main block calls it)."""
+    tree = ast.parse(source, path)
+    main_blocks = [node for node in tree.body if isinstance(node, ast.If)
+                   and ast.unparse(node.test).replace('"', "'") == "__name__ == '__main__'"]
+    mains = [node for node in tree.body
+             if isinstance(node, ast.FunctionDef) and node.name == 'main']
+    if len(main_blocks) != 1 or len(mains) != 1:
+        sys.exit(f'{path}: not a published airbench script (one main() and one '
+                 "`if __name__ == '__main__':` block expected)")
+    definitions = ast.Module([node for node in tree.body if node is not main_blocks[0]], [])
+    block = ast.fix_missing_locations(ast.Module(
+        [RunsLoop().visit(node) for node in main_blocks[0].body], []))
+
+    def says_warmup(node):
+        return any(isinstance(n, ast.Constant) and n.value == 'warmup' for n in ast.walk(node))
+    return definitions, block, says_warmup(mains[0]), says_warmup(main_blocks[0])
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
-    parser.add_argument('--precision', choices=['auto', 'fp32', 'bf16'], default='auto')
-    args, tool_args = parser.parse_known_args()
-    precision = args.precision if args.precision != 'auto' else ('bf16' if native_bf16() else 'fp32')
+    parser.add_argument('script', help='path of the published script (see above)')
+    parser.add_argument('--data-dir', required=True, help="CIFAR-10 as our scripts' --data-dir")
+    parser.add_argument('--runs', type=int, default=1)
+    parser.add_argument('--epochs', type=float, help="the script's schedule fitted to E epochs")
+    parser.add_argument('--precision', choices=['auto', 'bf16', 'fp32'], default='auto')
+    parser.add_argument('--warmup', action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument('--workdir', default='/tmp/airbench-reference')
+    args = parser.parse_args()
+    path = os.path.abspath(args.script)
+    native_bf16 = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    precision = args.precision if args.precision != 'auto' else 'bf16' if native_bf16 else 'fp32'
+    with open(path) as f:
+        source = f.read()
+    if args.runs < 1:
+        parser.error(f'--runs must be at least 1, not {args.runs}')
+    shortened = args.epochs is not None and MUON_RECORD_EPOCHS in source
+    if shortened:
+        source = source.replace(MUON_RECORD_EPOCHS, f'ceil({args.epochs!r} * len(train_loader))')
+    definitions, block, has_warmup, calls_warmup = split_script(source, path)
 
-    spec = importlib.util.spec_from_file_location('reference_airbench_cpu', TOOL)
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    if precision == 'fp32':
-        autocast = torch.autocast
-        torch.autocast = lambda device_type, **kwargs: autocast(device_type, enabled=False)
-    print(f'reference precision: {precision}', flush=True)
-    sys.argv = [TOOL, *tool_args]
-    tool.main()
+    write_script_cache(os.path.abspath(args.data_dir), args.workdir)
+    redirect_cuda_to_cpu()
+    sys.argv = [path]  # the scripts read their own source from argv[0]
+    os.chdir(args.workdir)  # and the data from ./cifar10/
+    script = {'__name__': '__main__', '__file__': path, '__runs__': args.runs}
+    exec(compile(definitions, path, 'exec'), script)
+
+    if args.epochs is not None:
+        if 'train_epochs' in script.get('hyp', {}).get('opt', {}):
+            script['hyp']['opt']['train_epochs'] = args.epochs
+        elif not shortened:
+            sys.exit(f"{path}: neither hyp['opt']['train_epochs'] nor the Muon record's "
+                     f'{MUON_RECORD_EPOCHS}: --epochs cannot shorten this script')
+    bf16 = precision == 'bf16'
+    if 'make_net' in script:
+        make_net = script['make_net']
+        def make_net_in_precision(*net_args, **net_kwargs):
+            net = make_net(*net_args, **net_kwargs)
+            net.forward = in_precision(net.forward, bf16)
+            return net
+        script['make_net'] = make_net_in_precision
+    elif 'CifarNet' in script:
+        network = script['CifarNet']
+        network.forward = in_precision(network.forward, bf16)
+    else:
+        sys.exit(f'{path}: no make_net() or CifarNet, the networks this tool runs in our precision')
+
+    final_entries, print_details = [], script['print_training_details']
+    def keep_final_entry(variables, is_final_entry):
+        if is_final_entry:
+            final_entries.append(variables)
+        return print_details(variables, is_final_entry)
+    script['print_training_details'] = keep_final_entry
+
+    results, script_main = [], script['main']
+    add_warmup = args.warmup and has_warmup and not calls_warmup
+    def measured_main(run, *main_args, **main_kwargs):
+        nonlocal add_warmup
+        if run == 'warmup' and not args.warmup:
+            return None
+        if add_warmup:  # before the first run, untimed
+            add_warmup = False
+            script_main('warmup', *main_args, **main_kwargs)
+        start = time.perf_counter()
+        returned = script_main(run, *main_args, **main_kwargs)
+        wall_seconds = time.perf_counter() - start
+        if run != 'warmup':
+            variables = final_entries[-1]
+            timed = variables.get('total_time_seconds', variables.get('time_seconds'))
+            results.append({'run': len(results), 'tta_acc': variables['tta_val_acc'],
+                            'timed_seconds': timed, 'wall_seconds': wall_seconds})
+            print(json.dumps(results[-1]), flush=True)
+        return returned
+    script['main'] = measured_main
+
+    print(f'{os.path.basename(path)} on the CPU: precision {precision}, torch {torch.__version__}',
+          flush=True)
+    exec(compile(block, path, 'exec'), script)
+    mean = lambda key: sum(r[key] for r in results) / len(results)
+    print(json.dumps({'script': os.path.basename(path), 'runs': len(results),
+                      'epochs': args.epochs, 'precision': precision,
+                      'warmup': args.warmup and has_warmup, 'mean_tta_acc': mean('tta_acc'),
+                      'mean_timed_seconds': mean('timed_seconds'),
+                      'mean_wall_seconds': mean('wall_seconds'), 'torch': torch.__version__}))
 
 
 if __name__ == '__main__':

@@ -1,0 +1,413 @@
+"""airbench96_faster.py's own method: the endless loader, the proxy's selection (exactly the masked
+count per batch, the highest losses), the proxy and the main network seeing the same batches in the
+same order, the schedules, the proxy's seed, FLOPs, and its CUDA path. What it shares with
+airbench94 is checked there once (tests/test_layout.py proves the blocks identical); the checks
+that conftest.SCRIPTS runs for every script are run here on it, at small widths where they train,
+to keep the suite short."""
+import importlib.util
+import math
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import test_layout
+import test_method
+from conftest import CPU, QUICK, REPO, load_script, run_script, summary_of, tiny_dataset, with_hyp
+
+NAME = 'airbench96_faster'
+
+
+@pytest.fixture(scope='module')
+def faster():
+    return load_script(NAME)
+
+
+def small(hyp, **settings):
+    """hyp at small widths (the method unchanged), for tests that train."""
+    return with_hyp(hyp, **{'net__widths': {'block1': 16, 'block2': 16, 'block3': 16},
+                            'proxy__widths': {'block1': 8, 'block2': 8, 'block3': 8}, **settings})
+
+
+def id_images(n):
+    """Images whose every pixel holds the image's id (base 256 over the channels), and the ids."""
+    ids = torch.arange(n)
+    pixels = torch.stack([ids % 256, ids // 256, torch.zeros_like(ids)], 1).to(torch.uint8)
+    return pixels.view(n, 1, 1, 3).expand(n, 32, 32, 3).contiguous(), ids
+
+
+def test_hyperparameters_are_the_records(faster):
+    opt, aug, arch, proxy = (faster.hyp[group] for group in ('opt', 'aug', 'net', 'proxy'))
+    assert (opt['train_epochs'], opt['batch_size'], opt['masked_fraction']) == (45, 1024, 0.5)
+    assert (opt['lr'], opt['weight_decay'], opt['momentum']) == (9.0, 0.012, 0.85)
+    assert (opt['lr_peak_fraction'], opt['lr_end'], opt['lookahead_every']) == (0.1, 0.0, 5)
+    assert aug == {'flip': 'alternating', 'translate': 4, 'cutout': 12}
+    assert arch['widths'] == {'block1': 128, 'block2': 384, 'block3': 512}
+    assert arch['convs_per_block'] == 3 and arch['tta_level'] == 2
+    assert proxy['widths'] == {'block1': 32, 'block2': 64, 'block3': 64}
+    assert proxy['convs_per_block'] == 2 and proxy['step_every'] == 4
+    net = faster.build_net(proxy, 10, CPU, 'fp32')
+    assert sum(p.numel() for p in net.parameters()) == 146_744  # as the header says
+    assert f'{146_744:,}' in faster.__doc__
+
+
+# ----------------------------------------- The loader ------------------------------------------
+def test_the_stream_runs_across_epochs_and_every_pass_repeats_it(faster):
+    n, batch_size = 100, 32  # 3 batches per epoch and 4 images over: batches cross epochs
+    images, ids = id_images(n)
+    generators = [torch.Generator().manual_seed(seed) for seed in (1, 2)]
+    loader = faster.CifarLoader(images, ids, batch_size, (0.0,) * 3, (1 / 255,) * 3,
+                                {'flip': 'none', 'translate': 0, 'cutout': 0}, torch.float32,
+                                *generators)
+    assert len(loader) == 3
+    first = [batch for _, batch in zip(range(25), loader)]
+    second = [batch for _, batch in zip(range(25), loader)]
+    for (images_1, labels_1), (images_2, labels_2) in zip(first, second):
+        assert torch.equal(images_1, images_2) and torch.equal(labels_1, labels_2)
+    assert all(len(labels) == batch_size for _, labels in first)
+    stream = torch.cat([labels for _, labels in first])
+    for epoch in range(len(stream) // n):  # each epoch is a permutation of every image, in turn
+        assert sorted(stream[epoch * n:(epoch + 1) * n].tolist()) == list(range(n))
+    assert stream[:n].tolist() != stream[n:2 * n].tolist()  # reshuffled each epoch
+    for batch_images, labels in first:  # images stay with their labels, also across epochs
+        assert torch.equal(batch_images[:, 0, 0, 0].round().long() + 256 * batch_images[
+            :, 1, 0, 0].round().long(), labels)
+
+
+def test_alternating_flip_alternates_along_the_stream(faster):
+    n = 100
+    images = torch.zeros(n, 32, 32, 3, dtype=torch.uint8)
+    images[:, :, :16] = 255  # a flip shows as a sign change
+    loader = faster.CifarLoader(images, torch.arange(n), 32, (0.5,) * 3, (0.5,) * 3,
+                                {'flip': 'alternating', 'translate': 0, 'cutout': 0},
+                                torch.float32, torch.Generator().manual_seed(0),
+                                torch.Generator().manual_seed(1))
+    batches = [batch for _, batch in zip(range(12), loader)]  # 384 images: 3 epochs and more
+    flipped = torch.cat([images[:, 0, 0, 0] < 0 for images, _ in batches])
+    ids = torch.cat([labels for _, labels in batches])
+    by_epoch = []
+    for epoch in range(3):
+        orientation = torch.empty(n, dtype=torch.bool)
+        orientation[ids[epoch * n:(epoch + 1) * n]] = flipped[epoch * n:(epoch + 1) * n]
+        by_epoch.append(orientation)
+    assert 0.3 < by_epoch[0].float().mean().item() < 0.7
+    assert torch.all(by_epoch[0] != by_epoch[1]) and torch.all(by_epoch[1] != by_epoch[2])
+
+
+# --------------------------------------- The selection -----------------------------------------
+def test_hardest_examples_are_the_highest_losses_in_batch_order(faster):
+    generator = torch.Generator().manual_seed(0)
+    for trial in range(20):
+        losses = torch.rand(1024, generator=generator)
+        selected = faster.hardest_examples(losses, 512)
+        assert len(selected) == 512 and len(set(selected.tolist())) == 512
+        assert torch.all(selected[1:] > selected[:-1])  # in the order of the batch
+        rest = torch.ones(1024, dtype=torch.bool)
+        rest[selected] = False
+        assert losses[selected].min() > losses[rest].max()
+
+
+def record_training(faster, monkeypatch, hyp, seed=0, data=None):
+    """train() with a record of every batch each pass over the loader yielded, the proxy's inputs,
+    outputs and grad mode, its selections, and the main network's training inputs."""
+    record = dict(passes=[], proxy=[], selections=None, main_inputs=[], proxy_lrs=[],
+                  main_lrs=[])
+    iterate, build, select = faster.CifarLoader.__iter__, faster.build_net, faster.select_hardest
+
+    def recording_iter(loader):
+        record['passes'].append([])
+        for batch in iterate(loader):
+            record['passes'][-1].append(batch)
+            yield batch
+
+    def recording_build(arch, *args):
+        net = build(arch, *args)
+        if arch is hyp['proxy']:
+            net.register_forward_hook(lambda module, inputs, output: record['proxy'].append(
+                (inputs[0], output.detach(), torch.is_grad_enabled())))
+        else:
+            net.register_forward_pre_hook(lambda module, inputs: record['main_inputs'].append(
+                inputs[0]) if module.training else None)
+        return net
+
+    def recording_select(proxy, optimizer, *args):
+        step, optimizer.is_proxy = optimizer.step, True
+        def recording_step():
+            record['proxy_lrs'].append([group['lr'] for group in optimizer.param_groups])
+            step()
+        optimizer.step = recording_step
+        record['selections'] = select(proxy, optimizer, *args)
+        return record['selections']
+
+    sgd_step = torch.optim.SGD.step
+    def recording_sgd_step(optimizer, *args, **kwargs):
+        if not hasattr(optimizer, 'is_proxy'):  # the main network's optimizer
+            record['main_lrs'].append([group['lr'] for group in optimizer.param_groups])
+        return sgd_step(optimizer, *args, **kwargs)
+
+    monkeypatch.setattr(faster.CifarLoader, '__iter__', recording_iter)
+    monkeypatch.setattr(faster, 'build_net', recording_build)
+    monkeypatch.setattr(faster, 'select_hardest', recording_select)
+    monkeypatch.setattr(torch.optim.SGD, 'step', recording_sgd_step)
+    result = faster.train(data or tiny_dataset(), hyp, CPU, 'fp32', seed, epoch_eval=False)
+    return record, result
+
+
+def test_proxy_and_main_network_see_the_same_batches_and_train_on_the_hardest(faster, monkeypatch):
+    hyp = small(faster.hyp, opt__batch_size=24, opt__train_epochs=3.5)  # 64 images: 2 batches
+    record, result = record_training(faster, monkeypatch, hyp)      # per epoch, crossing epochs
+    total_steps = math.ceil(2 * 3.5)
+    assert result['steps'] == total_steps
+    proxy_pass, main_pass = record['passes']  # two passes over the loader, nothing more
+    assert len(proxy_pass) == len(main_pass) == total_steps
+    for (proxy_images, proxy_labels), (main_images, main_labels) in zip(proxy_pass, main_pass):
+        assert torch.equal(proxy_images, main_images) and torch.equal(proxy_labels, main_labels)
+    assert len(record['proxy']) == len(record['selections']) == total_steps
+    assert len(record['main_inputs']) == total_steps
+    for step, ((images, labels), (inputs, logits, grad_enabled), selected, trained) in enumerate(
+            zip(proxy_pass, record['proxy'], record['selections'], record['main_inputs'])):
+        assert torch.equal(inputs, images)
+        assert grad_enabled == (step % 4 == 0)  # a training step on every fourth batch only
+        losses = F.cross_entropy(logits.float(), labels, label_smoothing=0.2, reduction='none')
+        assert len(selected) == 12 and len(set(selected.tolist())) == 12  # masked_fraction 0.5
+        rest = torch.ones(24, dtype=torch.bool)
+        rest[selected] = False
+        assert losses[selected].min() >= losses[rest].max()
+        assert torch.equal(trained, images[selected])  # the main network trains on exactly those
+    assert len(record['proxy_lrs']) == math.ceil(total_steps / 4)
+
+
+def test_the_proxy_trains_only_on_its_selection(faster):
+    """Its step's gradient is that of the selected examples' summed loss, not the whole batch's."""
+    torch.manual_seed(0)
+    hyp = small(faster.hyp)
+    proxy = faster.build_net(hyp['proxy'], 2, CPU, 'fp32')
+    proxy[0].bias.requires_grad = False
+    data = tiny_dataset()
+    loader = faster.CifarLoader(data['train']['images'], data['train']['labels'], 16,
+                                data['mean'], data['std'], hyp['aug'])
+    inputs, labels = next(iter(loader))
+    optimizer = torch.optim.SGD(proxy.parameters(), lr=0.0)  # records gradients, changes nothing
+    (selected,) = faster.select_hardest(proxy, optimizer, [(inputs, labels)], 1, [1.0], 8, 4, 0.2,
+                                        torch.autocast('cpu', enabled=False))
+    recorded = [p.grad.clone() for p in proxy.parameters() if p.requires_grad]
+    proxy.zero_grad()
+    losses = F.cross_entropy(proxy(inputs), labels, label_smoothing=0.2, reduction='none')
+    losses[selected].sum().backward()
+    expected = [p.grad for p in proxy.parameters() if p.requires_grad]
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(recorded, expected))
+    proxy.zero_grad()  # the control: the whole batch's loss has another gradient
+    F.cross_entropy(proxy(inputs), labels, label_smoothing=0.2, reduction='sum').backward()
+    assert not torch.allclose(recorded[-1], proxy[-2].weight.grad, atol=1e-6)
+
+
+# ---------------------------------------- The schedule -----------------------------------------
+def test_schedule_rises_over_a_tenth_of_the_steps_then_falls_to_zero(faster):
+    total = 2160  # 45 epochs of 48 batches
+    multipliers = faster.lr_schedule(total, peak_fraction=0.1, end=0.0)
+    peak = 216
+    steps = torch.arange(total + 1, dtype=torch.float64)
+    expected = torch.where(steps < peak, 0.2 + 0.8 * steps / peak, (total - steps) / (total - peak))
+    assert torch.allclose(multipliers, expected, atol=1e-12)
+    assert multipliers[0] == 0.2 and multipliers[peak] == 1.0 and multipliers[total] == 0.0
+
+
+def test_both_networks_follow_the_schedule(faster, monkeypatch):
+    hyp = small(faster.hyp, opt__batch_size=16, opt__train_epochs=5)  # 20 steps, peak at step 2
+    record, result = record_training(faster, monkeypatch, hyp)
+    multipliers = faster.lr_schedule(20, peak_fraction=0.1, end=0.0).tolist()
+    kilostep_scale = 1024 * (1 + 1 / (1 - 0.85))
+    base_lr = 9.0 / kilostep_scale
+    assert [lrs[1] for lrs in record['main_lrs']] == pytest.approx(
+        [base_lr * m for m in multipliers[:20]])
+    assert [lrs[0] for lrs in record['main_lrs']] == pytest.approx(
+        [64 * base_lr * m for m in multipliers[:20]])
+    assert [lrs[1] for lrs in record['proxy_lrs']] == pytest.approx(
+        [base_lr * m for m in multipliers[0:20:4]])
+
+
+# ----------------------------------- Seeds and the networks ------------------------------------
+def test_the_proxys_initialization_follows_the_init_seed_only(faster, monkeypatch):
+    initial = []
+    select = faster.select_hardest
+    def recording_select(proxy, *args):
+        initial.append(proxy[-2].weight.detach().clone())  # the head: PyTorch's random init
+        return select(proxy, *args)
+    monkeypatch.setattr(faster, 'select_hardest', recording_select)
+    seeds = faster.source_seeds(0)
+    hyp = small(faster.hyp, opt__batch_size=16, opt__train_epochs=1)
+    for changes in ({}, {'order': 7, 'aug': 8}, {'init': 7}):
+        faster.train(tiny_dataset(), hyp, CPU, 'fp32', {**seeds, **changes}, epoch_eval=False)
+    assert torch.equal(initial[0], initial[1]) and not torch.equal(initial[0], initial[2])
+    # its own seed: not the main network's draws continued, so the main widths do not change it
+    wider = with_hyp(hyp, net__widths={'block1': 24, 'block2': 16, 'block3': 16})
+    faster.train(tiny_dataset(), wider, CPU, 'fp32', seeds, epoch_eval=False)
+    assert torch.equal(initial[0], initial[3])
+
+
+def test_networks_are_airbench94s_and_airbench96s_blocks(faster):
+    torch.manual_seed(0)
+    proxy = faster.make_net(faster.hyp['proxy']['widths'], 10, 0.6, 1 / 9, convs_per_block=2)
+    assert not any(hasattr(block, 'conv3') for block in proxy[2:5])
+    ab94, ab96 = load_script('airbench94'), load_script('airbench96')
+    torch.manual_seed(0)
+    reference = ab94.make_net(faster.hyp['proxy']['widths'], 10, 0.6, 1 / 9)
+    x = torch.randn(3, 3, 32, 32)
+    torch.manual_seed(1)
+    main = faster.make_net(faster.hyp['net']['widths'], 10, 0.6, 1 / 9)
+    torch.manual_seed(1)
+    residual = ab96.make_net(faster.hyp['net']['widths'], 10, 0.6, 1 / 9)
+    for ours, theirs in ((proxy, reference), (main, residual)):
+        assert ours.state_dict().keys() == theirs.state_dict().keys()
+        theirs.load_state_dict(ours.state_dict())
+        assert torch.allclose(ours(x), theirs(x), atol=1e-6)
+
+
+def test_airbench96s_switches_apply_to_both_networks(faster, monkeypatch):
+    """hyp's switches of the paper's ablations, as in airbench96: without whitening both first
+    convs keep their default init and train (the proxy's is not the main network's); sampling with
+    replacement repeats images within an epoch; lookahead_every 0: no Lookahead."""
+    networks, select = [], faster.select_hardest
+    def recording_select(proxy, *args):
+        networks.append(proxy)
+        return select(proxy, *args)
+    monkeypatch.setattr(faster, 'select_hardest', recording_select)
+    monkeypatch.setattr(faster, 'LookaheadState', lambda net: pytest.fail('Lookahead made'))
+    hyp = small(faster.hyp, opt__batch_size=16, opt__train_epochs=2, opt__sampling='replacement',
+                opt__lookahead_every=0, net__whiten=False, net__identity_init=False)
+    result = faster.train(tiny_dataset(), hyp, CPU, 'fp32', 0, epoch_eval=False)
+    (proxy,), net = networks, result['net']
+    assert proxy[0].weight.requires_grad and proxy[0].bias.requires_grad
+    assert net[0].weight.requires_grad and net[0].bias.requires_grad
+    assert not torch.equal(proxy[0].weight, net[0].weight)
+    images, ids = id_images(64)
+    loader = faster.CifarLoader(images, ids, 16, (0.0,) * 3, (1.0,) * 3, hyp['aug'],
+                                sampling='replacement')
+    epoch = torch.cat([labels for _, (_, labels) in zip(range(4), loader)])
+    assert len(set(epoch.tolist())) < 64  # some drawn twice
+
+
+# -------------------------------------------- FLOPs --------------------------------------------
+def test_flops_within_5_percent_of_the_records_3_1(faster):
+    spec = importlib.util.spec_from_file_location('flops_tool',
+                                                  os.path.join(REPO, 'tools', 'flops.py'))
+    flops = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(flops)
+    figures = flops.run_flops(faster)
+    assert flops.PAPER_PFLOPS[NAME] == 3.1
+    for count in ('exact', 'conventional'):  # measured: 3.103 and 3.167
+        assert abs(figures[count] / 1e15 - 3.1) / 3.1 < 0.05
+    # The proxy's pass: 2160 forward passes of 1024 images, of which every fourth (540) a
+    # training step, counted 3 x forward conventionally; measured 0.113 PFLOPs of the 3.167
+    proxy_forward = flops.network_flops(faster, faster.hyp['proxy'], 10, 4)[0]
+    assert figures['proxy_conventional'] == pytest.approx(1024 * proxy_forward * (1620 + 3 * 540))
+    assert 0.1e15 < figures['proxy_conventional'] < 0.12e15
+    main_forward = figures['forward_per_image']  # the main network: 512 images per step
+    assert figures['conventional'] == pytest.approx(
+        3 * main_forward * 512 * 2160 + 6 * 10000 * main_forward + figures['proxy_conventional'])
+
+
+# ----------------------------------------- CUDA path -------------------------------------------
+def test_whole_training_step_on_the_meta_device_in_the_cuda_recipe(faster):
+    from test_cuda_path import recipe_dtypes
+    meta = torch.device('meta')
+    net = faster.build_net(faster.hyp['net'], 10, meta, 'fp16')
+    proxy = faster.build_net(faster.hyp['proxy'], 10, meta, 'fp16')
+    for network in (net, proxy):
+        assert {name: p.dtype for name, p in network.named_parameters()} == recipe_dtypes(network)
+    opt = faster.hyp['opt']
+    optimizers = [torch.optim.SGD(faster.decoupled_sgd_groups(
+        network, opt['lr'], opt['weight_decay'], opt['momentum'], 16, opt['bias_scaler']),
+        momentum=opt['momentum'], nesterov=True) for network in (net, proxy)]
+    inputs = torch.empty(16, 3, 32, 32, device=meta, dtype=torch.float16)
+    labels = torch.empty(16, device=meta, dtype=torch.int64)
+    batches = [(inputs.contiguous(memory_format=torch.channels_last), labels)] * 2
+    selections = faster.select_hardest(proxy, optimizers[1], batches, 2, [1.0, 1.0], 8, 4, 0.2,
+                                       torch.autocast('cuda', enabled=False))
+    assert [s.shape for s in selections] == [(8,), (8,)] and selections[0].device == meta
+    with pytest.raises(NotImplementedError):  # the control: a boolean mask has no meta shape
+        inputs[torch.empty(16, device=meta, dtype=torch.bool)]
+    images, selected_labels = batches[0][0][selections[0]], labels[selections[0]]
+    outputs = net(images)
+    loss = F.cross_entropy(outputs.float(), selected_labels, label_smoothing=0.2,
+                           reduction='sum')
+    loss.backward()
+    optimizers[0].step()
+    assert outputs.shape == (8, 10) and outputs.dtype == torch.float16
+    assert {name: p.dtype for name, p in net.named_parameters()} == recipe_dtypes(net)
+    logits = faster.infer(net, torch.empty(10, 3, 32, 32, device=meta, dtype=torch.float16), 2,
+                          torch.autocast('cuda', enabled=False), batch_size=4)
+    assert logits.shape == (10, 10) and logits.dtype == torch.float32
+
+
+def test_stream_and_selection_on_fake_cuda(faster):
+    """FakeTensorMode raises on .item() and on shapes that depend on data (a boolean mask): the
+    record's masking would raise here, ours runs. (Its backward pass cannot run on fake CUDA
+    tensors: the whole select_hardest runs on the meta device above.)"""
+    from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTensorMode
+    from test_cuda_path import fake_cuda
+    mode = FakeTensorMode()
+    hyp = small(faster.hyp)
+    proxy = fake_cuda(faster.build_net(hyp['proxy'], 10, CPU, 'fp16'), mode)
+    with mode, torch.no_grad():
+        images = torch.empty(300, 32, 32, 3, dtype=torch.uint8, device='cuda')
+        labels = torch.empty(300, dtype=torch.int64, device='cuda')
+        loader = faster.CifarLoader(images, labels, 64, (0.5,) * 3, (0.25,) * 3, hyp['aug'],
+                                    torch.float16)
+        batches = [batch for _, batch in zip(range(10), loader)]  # 640 images: 2 epochs and more
+        assert all(b.shape == (64, 3, 32, 32) and b.device.type == 'cuda' for b, _ in batches)
+        for inputs, batch_labels in batches:  # what select_hardest does with each batch
+            losses = F.cross_entropy(proxy(inputs).float(), batch_labels, label_smoothing=0.2,
+                                     reduction='none')
+            selected = faster.hardest_examples(losses, 32)
+            assert selected.shape == (32,) and selected.device.type == 'cuda'
+            assert inputs[selected].shape == (32, 3, 32, 32)
+            assert losses.gather(0, selected).sum().shape == ()
+        with pytest.raises(DynamicOutputShapeException):  # the control: the record's mask
+            mask = torch.zeros(64, dtype=torch.bool, device='cuda')
+            mask[losses.argsort()[-32:]] = True
+            inputs[mask]
+
+
+def test_no_host_synchronization_inside_the_timed_region(faster, monkeypatch):
+    from test_cuda_path import HostSyncRecorder, timed_region_tracker
+    recorder = HostSyncRecorder()
+    monkeypatch.setattr(faster, 'time', timed_region_tracker(faster, recorder))
+    hyp = small(faster.hyp, opt__batch_size=24, opt__train_epochs=3.5)  # batches cross epochs
+    with recorder:
+        result = faster.train(tiny_dataset(), hyp, CPU, 'fp16', seed=0)
+    assert not recorder.timed and result['steps'] == 7
+    assert {'aten.topk.default', 'aten.convolution_backward.default'} <= recorder.ops
+    assert recorder.timed_syncs == []
+    assert 'aten._local_scalar_dense.default' in recorder.untimed_syncs  # the control
+
+
+# ------------------------------ What every script is checked for -------------------------------
+def test_what_the_method_tests_check_of_every_script(faster, monkeypatch):
+    monkeypatch.setitem(test_method.PARAMETER_COUNTS, NAME, 9_918_776)
+    for check in (test_method.test_output_and_feature_map_shapes, test_method.test_parameter_count,
+                  test_method.test_batchnorm_as_specified,
+                  test_method.test_no_biases_except_whitening_and_batchnorm,
+                  test_method.test_identity_init):
+        check(faster)
+
+
+def test_layout_import_and_method_part(faster):
+    test_layout.test_import_does_nothing_but_define(NAME)
+    test_layout.test_the_method_uses_nothing_from_below_the_banner(NAME)
+    # test_layout.py checks its shared blocks and the part below the banner (METHOD_DIFFERENCES)
+    assert NAME in test_layout.shared.METHOD_DIFFERENCES
+
+
+def test_run_writes_logs_and_learns(image_folder, tmp_path):
+    widths = "{'block1': 16, 'block2': 16, 'block3': 16}"
+    result = run_script(NAME, '--data-dir', image_folder, '--runs', '1', '--seed', '3',
+                        '--log-dir', str(tmp_path / 'logs'), *QUICK, '--hyp',
+                        f'net.widths={widths}')
+    assert result.returncode == 0, result.stderr
+    summary = summary_of(tmp_path / 'logs')
+    assert summary['status'] == 'finished' and summary['hyp']['opt']['train_epochs'] == 4
+    (run,) = summary['runs']
+    assert run['steps'] == 24 and len(run['epoch_train_losses']) == 4  # 384 images, batches of 64
+    assert run['tta_val_acc'] > 0.6 and run['total_time_seconds'] > 0

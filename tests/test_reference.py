@@ -1,0 +1,80 @@
+"""tools/reference.py on a stand-in for a published script: CUDA-only as they are written (.cuda(),
+.half(), torch.compile, CUDA events, ./cifar10/*.pt, a main block of range(25) runs); the tool runs
+it on the CPU in our precision, with --runs runs, --epochs and a warmup as documented."""
+import json
+import os
+import subprocess
+import sys
+
+from conftest import REPO
+
+STAND_IN = '''
+import sys
+from math import ceil
+import torch
+from torch import nn
+
+with open(sys.argv[0]) as f:
+    code = f.read()
+hyp = {'opt': {'train_epochs': 9.9}}
+
+def make_net():
+    return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 4)).half().cuda()
+
+def print_training_details(variables, is_final_entry):
+    print('final' if is_final_entry else 'epoch', variables['run'])
+
+def main(run, model):
+    data = torch.load('cifar10/train.pt', map_location='cuda')
+    images = (data['images'].half() / 255).permute(0, 3, 1, 2).cuda()
+    labels = data['labels'] if run != 'warmup' else torch.zeros_like(data['labels'])
+    starter, ender = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    starter.record()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    steps = ceil(hyp['opt']['train_epochs'] * 2)
+    for step in range(steps):
+        outputs = model(images)
+        nn.functional.cross_entropy(outputs, labels).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    ender.record()
+    torch.cuda.synchronize()
+    total_time_seconds = 1e-3 * starter.elapsed_time(ender)
+    tta_val_acc = (model(images).argmax(1) == labels).float().mean().item()
+    print('weights', model._orig_mod[1].weight.dtype, 'outputs', outputs.dtype, 'steps', steps)
+    print_training_details(locals(), is_final_entry=True)
+    return tta_val_acc
+
+if __name__ == '__main__':
+    model = torch.compile(make_net(), mode='max-autotune')
+    accs = torch.tensor([main(run, model) for run in range(25)])
+'''
+
+
+def run_tool(script, data_dir, workdir, *flags):
+    return subprocess.run([sys.executable, os.path.join(REPO, 'tools', 'reference.py'), script,
+                           '--data-dir', data_dir, '--workdir', workdir, *flags],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_a_cuda_only_script_runs_on_the_cpu_in_our_precision(image_folder, tmp_path):
+    script = tmp_path / 'published.py'
+    script.write_text(STAND_IN)
+    result = run_tool(str(script), image_folder, str(tmp_path / 'work'), '--runs', '2',
+                      '--epochs', '2', '--precision', 'bf16')
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    # fp32 weights, bf16 autocast returning fp32 logits, 4 steps for 2 epochs, a warmup first
+    assert lines.count('weights torch.float32 outputs torch.float32 steps 4') == 3
+    assert [line for line in lines if line.startswith('final')] == [
+        'final warmup', 'final 0', 'final 1']
+    runs = [json.loads(line) for line in lines if line.startswith('{"run"')]
+    assert [run['run'] for run in runs] == [0, 1]
+    assert all(run['timed_seconds'] > 0 and 0 <= run['tta_acc'] <= 1 for run in runs)
+    summary = json.loads(lines[-1])
+    assert summary['runs'] == 2 and summary['epochs'] == 2 and summary['warmup']
+    assert summary['precision'] == 'bf16'
+    assert summary['mean_tta_acc'] == sum(run['tta_acc'] for run in runs) / 2
+    result = run_tool(str(script), image_folder, str(tmp_path / 'work'), '--no-warmup')
+    assert [line for line in result.stdout.splitlines() if line.startswith('final')] == ['final 0']
+    assert 'steps 20' in result.stdout  # hyp's 9.9 epochs
