@@ -21,7 +21,7 @@ from .distribute import MAX_ATTEMPTS, Heartbeat, Liveness, Queue, StoreLost, Wor
 from .environment import device_model, local_environment, world_environment
 from .errors import StudyError, Stopped
 from .plan import atomic_write, lock_study_dir, make_plan, open_study
-from .runs import Runner
+from .runs import Runner, validation_indices
 from .scripts import (config_hyp, load_script, parse_script_flags, script_label, script_path,
                       sha256_of)
 
@@ -150,7 +150,6 @@ def plan_launch(args, process, infos, command):
 def runner_files(args, process):
     """The files a study's analyses need beside its records: the held-out split of --val-split and
     the test labels that saved logits are scored against."""
-    from .runs import validation_indices
     if args.val_split:
         held_out = validation_indices(len(process.data['train']['labels']), args.val_split,
                                       args.seed)
@@ -318,7 +317,7 @@ def run_study(args, world, command):
     collector = None
     if world.rank == 0:
         collector = Collector(world, plan, args.study_dir)
-        print(f"{'rank 0 rejoins the launch of ' if replacing else ''}study in {args.study_dir}: "
+        print(f"{'rank 0 rejoins the launch; ' if replacing else ''}study in {args.study_dir}: "
               f"{plan['total'] - len(plan['jobs']) + len(collector.written)} of {plan['total']} "
               f"runs of this launch's configurations finished, "
               f"{len(plan['jobs']) - len(collector.written)} to train; world size {world.size} on "
