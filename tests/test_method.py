@@ -47,18 +47,20 @@ def test_batchnorm_as_specified(script):
     net = build(script)
     norms = [m for m in net.modules() if isinstance(m, nn.BatchNorm2d)]
     assert norms
+    momentum = script.hyp['net']['batchnorm_momentum']  # the paper's 0.6 (test_airbench94_...)
     for norm in norms:
         assert norm.eps == 1e-12
-        assert norm.momentum == pytest.approx(0.4)  # running = 0.6 * running + 0.4 * batch
+        assert norm.momentum == pytest.approx(1 - momentum)  # PyTorch's sense of the word
         assert not norm.weight.requires_grad and norm.bias.requires_grad
         assert torch.all(norm.weight == 1)
-    # The running mean follows 0.6 * old + 0.4 * batch mean
+    # The running mean follows momentum * old + (1 - momentum) * batch mean
     norm = norms[0]
     norm.train()
     x = torch.randn(8, norm.num_features, 4, 4) + 3
     norm.running_mean.fill_(1.0)
     norm(x)
-    assert torch.allclose(norm.running_mean, 0.6 * 1.0 + 0.4 * x.mean((0, 2, 3)), atol=1e-5)
+    assert torch.allclose(norm.running_mean, momentum * 1.0 + (1 - momentum) * x.mean((0, 2, 3)),
+                          atol=1e-5)
 
 
 def test_no_biases_except_whitening_and_batchnorm(script):
