@@ -21,7 +21,7 @@ import sys
 import numpy as np
 
 from paper import parse, run, write_table
-from studylib.fits import bootstrap_effective_speedup
+from studylib.fits import bootstrap_effective_speedup, fit_power_law
 from studylib.stats import RESAMPLES
 
 CUTOUT = {'no': 0, 'yes': 12}
@@ -89,7 +89,28 @@ def speedup_table(runs, args, epochs_list):
                 shown.append(f'{100 * speedup.estimate:.1f}% [{100 * speedup.low:.1f}, '
                              f'{100 * speedup.high:.1f}]')
             lines.append(f'| {cutout.capitalize()} | {epochs:g} | ' + ' | '.join(shown) + ' |')
-    return lines
+    return lines + misfit_notes(runs, args, epochs_list)
+
+
+def misfit_notes(runs, args, epochs_list):
+    """A line for each random-flip curve whose power law stopped at a bound: the speedups
+    measured against it are not measurements."""
+    notes = []
+    for cutout in args.cutout.split(','):
+        for tta, metric in METRICS.items():
+            means = [np.mean(cell(runs, cutout, 'random', e, metric)) for e in epochs_list]
+            try:
+                law = fit_power_law(epochs_list, [1 - m for m in means])
+            except ValueError:
+                continue
+            if law.at_bounds:
+                miss = np.abs(1 - law.error_at(epochs_list) - np.array(means)).max()
+                notes += ['', f'Random flip, Cutout {cutout}, TTA {tta.lower()}: the power law '
+                          f'stopped at the bound of {", ".join(law.at_bounds)} and misses its '
+                          f'means by up to {100 * miss:.2f} points; no power law within the '
+                          'bounds describes the curve, so the speedups against it are not '
+                          'measurements (longer schedules: see the docstring).']
+    return notes
 
 
 def main(argv):

@@ -24,10 +24,12 @@ STEEPEST_DECAY = -10.0  # lower bound on the exponent a
 
 @dataclass(frozen=True)
 class PowerLaw:
-    """error = c + b * epochs**a, with errors as fractions."""
+    """error = c + b * epochs**a, with errors as fractions. at_bounds: the parameters the fit left
+    at a bound of fit_power_law ('a', 'b', 'c'); empty when the law fits freely."""
     a: float
     b: float
     c: float
+    at_bounds: tuple = ()
 
     def error_at(self, epochs):
         """The law's error after `epochs` epochs (a number or an array of them)."""
@@ -47,7 +49,9 @@ def fit_power_law(epochs, errors):
     Bounds: -10 <= a <= 0, b >= 0, 0 <= c <= max(errors). Start: c at 0.9 * min(errors), a and b
     from a straight line through log(error - c) against log(epochs). The fit runs on
     epochs / (their geometric mean) for conditioning; b is converted back. With exactly three
-    distinct epoch counts the law interpolates them.
+    distinct epoch counts the law interpolates them, unless the fit ends at a bound (its
+    at_bounds): errors that fall faster and faster with epochs, as in the first epochs of
+    training, fit no law with c >= 0, and the best one at c = 0 misses the points.
 
     Raises ValueError for fewer than 3 distinct epoch counts, non-positive epochs, non-finite
     values, errors all 0, errors that do not fall with epochs (the fit ends at a = 0 or b = 0) and
@@ -84,7 +88,8 @@ def _fit(x, y):
     if a > -1e-9 or scale <= 1e-12 * max(y.max(), 1e-300):
         raise ValueError('the errors do not fall with epochs: no decreasing power law '
                          f'c + b * epochs**a fits them (fit ended at a={a:.3g}, b={scale:.3g})')
-    return PowerLaw(a=float(a), b=float(scale * reference ** -a), c=float(c))
+    at_bounds = tuple(name for name, active in zip('abc', result.active_mask) if active)
+    return PowerLaw(a=float(a), b=float(scale * reference ** -a), c=float(c), at_bounds=at_bounds)
 
 
 def _points(epochs, errors):

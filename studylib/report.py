@@ -93,12 +93,13 @@ def comparison_table(summary):
 
 
 def speedup_table(speedup):
-    lines = [f"Power law error = c + b * epochs^a fitted to each curve's mean errors ({speedup['metric']});"
-             f" effective speedup over {speedup['baseline']}: the epochs the baseline's fit needs "
+    lines = [f"Power law error = c + b * epochs^a fitted to each curve's mean errors "
+             f"({speedup['metric']}); effective speedup over {speedup['baseline']}: the epochs the baseline's fit needs "
              "for the same error, divided by the epochs, minus 1. 95% bootstrap intervals over "
              f'runs ({stats.RESAMPLES} resamples).', '',
-             '| curve | epochs | mean accuracy | fit (a, b, c) | epochs to target [95% CI] | '
-             'effective speedup [95% CI] |', '|---|---|---|---|---|---|']
+             '| curve | epochs | mean accuracy | the fit\'s accuracy | fit (a, b, c) | '
+             'epochs to target [95% CI] | effective speedup [95% CI] |',
+             '|---|---|---|---|---|---|---|']
     for label, curve in speedup['curves'].items():
         fit = '{a:.3f}, {b:.4f}, {c:.4f}'.format(**curve['fit'])
         to_target = curve['epochs_to_target']
@@ -111,9 +112,24 @@ def speedup_table(speedup):
             first = index == 0
             lines.append(f"| {label if first else ''} | {epochs:g} | "
                          f"{fmt(curve['mean_accuracy'][index])} | "
-                         f"{fit if first else ''} | "
+                         f"{fmt(curve['fitted_accuracy'][index])} | {fit if first else ''} | "
                          f"{target if first else ''} | {speed} |")
-    return lines
+    return lines + [line for label, curve in speedup['curves'].items()
+                    for line in ['', misfit_note(label, curve, speedup['baseline'])]
+                    if curve['fit']['at_bounds']]
+
+
+def misfit_note(label, curve, baseline):
+    """What a fit stopped at a bound means for the numbers derived from it."""
+    miss = max(abs(m - f) for m, f in zip(curve['mean_accuracy'], curve['fitted_accuracy']))
+    bounds = ', '.join(curve['fit']['at_bounds'])
+    uses = ('its epochs to target and every speedup over it' if label == baseline
+            else 'its epochs to target')
+    why = (' (its errors fall faster and faster, as in the first epochs of training)'
+           if 'c' in curve['fit']['at_bounds'] else '')
+    return (f'{label}: the fit stopped at the bound of {bounds} and misses the mean accuracies by '
+            f'up to {100 * miss:.2f} points: no power law within the bounds describes this '
+            f'curve{why}, so {uses} are not measurements.')
 
 
 def variance_table(variance):
@@ -197,10 +213,13 @@ def plot_epochs(study_dir, speedup, plt):
     for label, curve in speedup['curves'].items():
         epochs = np.array(curve['epochs'])
         errors = 1 - np.array(curve['mean_accuracy'])
-        line = axes.plot(epochs, errors, 'o', label=label)[0]
+        misfit = bool(curve['fit']['at_bounds'])
+        line = axes.plot(epochs, errors, 'o',
+                         label=label + (' (fit at a bound: no law fits)' if misfit else ''))[0]
         fit = curve['fit']
         grid = np.geomspace(epochs.min(), epochs.max(), 100)
-        axes.plot(grid, fit['c'] + fit['b'] * grid ** fit['a'], '-', color=line.get_color())
+        axes.plot(grid, fit['c'] + fit['b'] * grid ** fit['a'], '--' if misfit else '-',
+                  color=line.get_color())
     axes.set_xscale('log')
     axes.set_yscale('log')
     axes.set_xlabel('epochs')

@@ -148,7 +148,9 @@ def speedup_analysis(runs, study, target, metric='accuracy'):
             means = [float(np.mean(curve[e])) for e in epochs]
             law = fits.fit_power_law(epochs, [1 - m for m in means])
             entry = dict(epochs=epochs, mean_accuracy=means,
-                         fit=dict(a=law.a, b=law.b, c=law.c), epochs_to_target=None, speedup={})
+                         fitted_accuracy=[float(1 - law.error_at(e)) for e in epochs],
+                         fit=dict(a=law.a, b=law.b, c=law.c, at_bounds=list(law.at_bounds)),
+                         epochs_to_target=None, speedup={})
             if target is not None:
                 entry['epochs_to_target'] = interval(fits.bootstrap_epochs_to_accuracy(
                     curve, target, resamples=RESAMPLES))

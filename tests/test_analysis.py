@@ -9,6 +9,7 @@ import statistics
 import sys
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -20,6 +21,7 @@ if REPO not in sys.path:
 from studylib.fits import (PowerLaw, bootstrap_effective_speedup,  # noqa: E402
                            bootstrap_epochs_to_accuracy, bootstrap_interval, effective_speedup,
                            epochs_to_accuracy, fit_power_law)
+from studylib import report, stats  # noqa: E402
 from studylib import variance  # noqa: E402  (its test_set_std would be collected as a test)
 from studylib.variance import (class_aggregated_calibration_error,  # noqa: E402
                                distribution_wise_std, distribution_wise_variance)
@@ -119,6 +121,55 @@ def test_three_points_are_interpolated():
     errors = [0.07, 0.061, 0.058]
     law = fit_power_law([10, 20, 40], errors)
     assert law.error_at([10, 20, 40]) == pytest.approx(errors, abs=1e-12)
+    assert law.at_bounds == ()
+
+
+# airbench94 with random and alternating flip at 0.5, 1 and 2 epochs on a CPU (docs/studies.md,
+# "A demonstration"): TTA accuracies of runs 0 and 1. Its errors fall faster and faster.
+SHORT_RANDOM = {0.5: [0.5475, 0.5418], 1: [0.6751, 0.6798], 2: [0.8147, 0.8099]}
+SHORT_ALTERNATING = {0.5: [0.5433, 0.5376], 1: [0.6848, 0.6791], 2: [0.8106, 0.8102]}
+
+
+def test_errors_falling_ever_faster_fit_no_law_and_the_fit_says_so():
+    """No c + b * epochs**a with c >= 0 bends that way: the fit stops at c = 0 and misses the
+    points by more than a point, where three points are otherwise interpolated; the paper's
+    curves fit freely."""
+    epochs = sorted(SHORT_RANDOM)
+    errors = [1 - np.mean(SHORT_RANDOM[e]) for e in epochs]
+    law = fit_power_law(epochs, errors)
+    assert law.at_bounds == ('c',) and law.c == pytest.approx(0, abs=1e-12)
+    assert np.abs(law.error_at(epochs) - errors).max() > 0.015
+    for cutout, tta in PAPER.PAPER_SPEEDUPS:
+        accuracies = np.array(PAPER.accuracies(cutout, tta, PAPER.RANDOM))  # fractions
+        assert fit_power_law(EPOCHS, 1 - accuracies).at_bounds == ()
+
+
+def test_report_says_when_speedups_rest_on_a_misfit():
+    """The summary carries each curve's fitted accuracies and bounds; the report names the curves
+    whose numbers are not measurements, and only those."""
+    configs, rows = {}, []
+    for base, curve in (('random', SHORT_RANDOM), ('alternating', SHORT_ALTERNATING)):
+        for epochs, accuracies in curve.items():
+            name = f'{base},train_epochs={epochs:g}'
+            configs[name] = dict(base=base, grid={'opt.train_epochs': f'{epochs:g}'},
+                                 hyp={'opt': {'train_epochs': epochs}})
+            rows += [dict(config=name, run=run, accuracy=a) for run, a in enumerate(accuracies)]
+    analysis = stats.speedup_analysis(pd.DataFrame(rows), dict(configs=configs), target=None)
+    random = analysis['curves']['random']
+    assert random['fit']['at_bounds'] == ['c']
+    assert random['fitted_accuracy'] == pytest.approx(
+        [1 - fit_power_law([0.5, 1, 2], [1 - np.mean(SHORT_RANDOM[e]) for e in (0.5, 1, 2)])
+         .error_at(e) for e in (0.5, 1, 2)])
+    notes = [line for line in report.speedup_table(analysis) if 'not measurements' in line]
+    assert [line.split(':')[0] for line in notes] == ['random', 'alternating']
+    assert 'every speedup over it' in notes[0]
+    free = {e: [1 - float(LAW.error_at(e))] * 2 for e in EPOCHS}
+    configs = {f'b,train_epochs={e}': dict(base='b', grid={'opt.train_epochs': str(e)},
+                                            hyp={'opt': {'train_epochs': e}}) for e in EPOCHS}
+    rows = [dict(config=f'b,train_epochs={e}', run=r, accuracy=a)
+            for e, accuracies in free.items() for r, a in enumerate(accuracies)]
+    analysis = stats.speedup_analysis(pd.DataFrame(rows), dict(configs=configs), target=None)
+    assert not [line for line in report.speedup_table(analysis) if 'not measurements' in line]
 
 
 def test_per_run_accuracies_are_averaged():
