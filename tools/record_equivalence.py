@@ -337,10 +337,15 @@ def our_run(record, data_dir, epochs, start):
 def same_run(record, data_dir, epochs):
     their_accuracy, theirs, start = record_run(record, seed=0)
     my_accuracy, mine = our_run(record, data_dir, epochs, start)
+    mine = mine.state_dict()
+    differences = {name: (t.float() - mine[name].float()).abs().max().item()
+                   for name, t in theirs.state_dict().items()}
+    largest = max(differences, key=differences.get)
     return dict(check=f'whole run of {epochs:g} epochs', record_tta_accuracy=their_accuracy,
-                our_tta_accuracy=my_accuracy,
-                largest_final_state_difference=largest_difference(
-                    *[net.state_dict().values() for net in (theirs, mine)]))
+                our_tta_accuracy=my_accuracy, final_state_entries=len(differences),
+                entries_that_differ=sum(d > 0 for d in differences.values()),
+                largest_final_state_difference=differences[largest], in_entry=largest,
+                whose_largest_value=theirs.state_dict()[largest].float().abs().max().item())
 
 
 def main():
