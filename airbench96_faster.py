@@ -7,7 +7,7 @@ network will see, the same batches in the same order: in each batch of 1024 it f
 examples of highest loss, and on every fourth batch it takes an SGD step on their loss. The main
 network (9,918,776 parameters: widths 128/384/512, airbench96's block) then trains on each batch's
 hardest 512 only, for 45 epochs. Training costs 3.1 PFLOPs (the record's figure; airbench96: 7.2):
-tools/flops.py counts 3.10 as run (3.17 at 3 x forward), of which the proxy's pass 0.11.
+tools/flops.py counts 3.16 as run (3.17 at 3 x forward), of which the proxy's pass 0.11.
 
 Changes relative to airbench96.py (everything else is identical, block for block):
 - hyp: 45 epochs of 48 batches; the main network trains on masked_fraction 0.5 of each batch (512

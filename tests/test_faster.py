@@ -299,7 +299,7 @@ def test_flops_within_5_percent_of_the_records_3_1(faster):
     spec.loader.exec_module(flops)
     figures = flops.run_flops(faster)
     assert flops.PAPER_PFLOPS[NAME] == 3.1
-    for count in ('exact', 'conventional'):  # measured: 3.103 and 3.167
+    for count in ('exact', 'conventional'):  # measured: 3.157 and 3.167
         assert abs(figures[count] / 1e15 - 3.1) / 3.1 < 0.05
     # The proxy's pass: 2160 forward passes of 1024 images, of which every fourth (540) a
     # training step, counted 3 x forward conventionally; measured 0.113 PFLOPs of the 3.167
