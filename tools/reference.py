@@ -4,12 +4,16 @@ can be measured beside it on the same machine and data.
 Where to get them: the authors' repository, https://github.com/KellerJordan/cifar10-airbench. The
 paper's scripts are airbench94.py, airbench94_compiled.py, airbench95.py and airbench96.py at
 commit 04512094b7341d95ed02f697c5f5db404556137e (docs/cpu.md, "The published scripts"); the later
-records are airbench94_muon.py (commit f1c599c) and airbench96_faster.py. Download the one you want
-and give its path; this tool runs the published file itself, so its name does not matter.
+records are airbench94_muon.py (commit f1c599c) and airbench96_faster.py; the fastest 94% method is
+hiverge/cifar10-speedrun's cifar10_speedrun.py (https://github.com/hiverge/cifar10-speedrun, commit
+06c6072). Download the one you want and give its path; this tool runs the published file itself,
+so its name does not matter.
 
 They are CUDA-only as written. Here, and nothing else changes:
 - tensors and modules stay on the CPU (.cuda() returns them as they are, torch.load maps to the
-  CPU); fp16 becomes fp32 (.half() of modules and tensors), as in our CPU recipe;
+  CPU, tensors made with device='cuda' are made on the CPU); fp16 becomes fp32 (.half() of modules
+  and tensors), as in our CPU recipe; a dtype the script names itself stays (hiverge's fp16 Muon
+  momentum);
 - the network's forward pass (what make_net returns, or CifarNet's) runs under bf16 autocast where
   the CPU has native bf16, else in fp32 (or as --precision says), and returns fp32 logits, as our
   train() does there; what the script computes in its own dtype (the Muon record's bf16
@@ -19,7 +23,8 @@ They are CUDA-only as written. Here, and nothing else changes:
 - CUDA events read time.perf_counter() at the same points; torch.cuda.synchronize, empty_cache and
   _sleep do nothing;
 - --epochs E sets the script's hyp['opt']['train_epochs'] as our --epochs sets ours (the Muon
-  record has no hyp: its 8 in ceil(8 * len(train_loader)) becomes E);
+  record and hiverge's script have no hyp: the 8 of total_train_steps = ceil(8 *
+  len(train_loader)), or its 7.65, becomes E);
 - the script's main block runs as written, but its loop over runs (range(N) there) makes --runs
   runs; with --warmup (the default, as in our scripts) an untimed main('warmup', ...) on dummy
   labels comes first where main() has one and the block does not call it (the paper's 94, 95 and
@@ -39,6 +44,7 @@ import ast
 import importlib.util
 import json
 import os
+import re
 import sys
 import time
 
@@ -46,7 +52,10 @@ import torch
 from torch import nn
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MUON_RECORD_EPOCHS = 'ceil(8 * len(train_loader))'  # the Muon record's schedule, which has no hyp
+# The schedule of the scripts without hyp (the Muon record's 8 epochs, hiverge's 7.65)
+STEPS_IN_EPOCHS = re.compile(r'total_train_steps = ceil\(([0-9.]+) \* len\(train_loader\)\)')
+FACTORIES = ('empty', 'zeros', 'ones', 'full', 'rand', 'randn', 'randint', 'randperm', 'arange',
+             'tensor')
 
 
 class Uncompiled(nn.Module):
@@ -81,10 +90,21 @@ class Event:
         return 1e3 * (end.seconds - self.seconds)
 
 
+def made_on_the_cpu(factory):
+    """A tensor factory that makes on the CPU what it is asked to make on a CUDA device."""
+    def factory_on_the_cpu(*args, device=None, **kwargs):
+        if device is not None and torch.device(device).type == 'cuda':
+            device = 'cpu'
+        return factory(*args, device=device, **kwargs)
+    return factory_on_the_cpu
+
+
 def redirect_cuda_to_cpu():
     """Make the script's CUDA calls run on the CPU, in fp32 weights, uncompiled."""
     nn.Module.cuda = lambda self, *args, **kwargs: self
     torch.Tensor.cuda = lambda self, *args, **kwargs: self
+    for name in FACTORIES:
+        setattr(torch, name, made_on_the_cpu(getattr(torch, name)))
     nn.Module.half = lambda self: self.float()
     torch.Tensor.half = lambda self, *args, **kwargs: self.float()
     nn.Module.compile = lambda self, *args, **kwargs: None
@@ -164,9 +184,10 @@ def main():
         source = f.read()
     if args.runs < 1:
         parser.error(f'--runs must be at least 1, not {args.runs}')
-    shortened = args.epochs is not None and MUON_RECORD_EPOCHS in source
+    shortened = args.epochs is not None and STEPS_IN_EPOCHS.search(source) is not None
     if shortened:
-        source = source.replace(MUON_RECORD_EPOCHS, f'ceil({args.epochs!r} * len(train_loader))')
+        source = STEPS_IN_EPOCHS.sub(
+            f'total_train_steps = ceil({args.epochs!r} * len(train_loader))', source)
     definitions, block, has_warmup, calls_warmup = split_script(source, path)
 
     write_script_cache(os.path.abspath(args.data_dir), args.workdir)
@@ -180,8 +201,8 @@ def main():
         if 'train_epochs' in script.get('hyp', {}).get('opt', {}):
             script['hyp']['opt']['train_epochs'] = args.epochs
         elif not shortened:
-            sys.exit(f"{path}: neither hyp['opt']['train_epochs'] nor the Muon record's "
-                     f'{MUON_RECORD_EPOCHS}: --epochs cannot shorten this script')
+            sys.exit(f"{path}: neither hyp['opt']['train_epochs'] nor total_train_steps = "
+                     'ceil(EPOCHS * len(train_loader)): --epochs cannot shorten this script')
     bf16 = precision == 'bf16'
     if 'make_net' in script:
         make_net = script['make_net']
