@@ -271,9 +271,9 @@ def infer(net, images, tta_fraction, autocast, batch_size=EVAL_BATCH_SIZE):
     def six_view_mean(x):
         padded, size = F.pad(x, (1,) * 4, mode='reflect'), x.size(-1)
         views = [x, padded[:, :, :size, :size], padded[:, :, 2:, 2:]]
-        views = [view.contiguous(memory_format=torch.channels_last) for view in views]  # x's graph
-        # each term a new tensor before the next call (CUDA graphs overwrite their outputs)
-        return sum(net(view).float() / 6 + net(view.flip(-1)).float() / 6 for view in views)
+        views = torch.cat([*views, *(view.flip(-1) for view in views)])  # one pass for all six
+        logits = net(views.contiguous(memory_format=torch.channels_last)).float()
+        return logits.view(6, len(x), -1).mean(0)  # new memory: CUDA graphs reuse their outputs
 
     net.eval()
     with torch.no_grad(), autocast:
@@ -282,9 +282,10 @@ def infer(net, images, tta_fraction, autocast, batch_size=EVAL_BATCH_SIZE):
         if count == 0:
             return logits
         least_confident = logits.softmax(1).amax(1).topk(count, largest=False).indices
-        chosen = images[least_confident].contiguous(memory_format=torch.channels_last)
-        views = torch.cat([six_view_mean(batch) for batch in chosen.split(batch_size)])
-        return logits.index_copy(0, least_confident, views)
+        # in batches of batch_size * tta_fraction: then N test images and the warmup's batch_size
+        # + N % batch_size have batches of the same sizes (none compiles in a timed run)
+        chosen = images[least_confident].split(max(1, round(batch_size * tta_fraction)))
+        return logits.index_copy(0, least_confident, torch.cat(list(map(six_view_mean, chosen))))
 
 # ---------------------------------- Muon, SGD groups and schedule ---------------------------------
 def orthogonalize(updates, steps):
