@@ -43,7 +43,7 @@ def test_hyperparameters_are_the_published_scripts(hiverge):
     assert aug == dict(flip='alternating', translate=2, brightness=0.1399, contrast=0.1308)
     assert arch == dict(widths={'block1': 64, 'block2': 256, 'block3': 256},
                         batchnorm_momentum=0.5566, scaling_factor=1 / 256, whiten_images=960,
-                        whiten_eps=5e-4, tta_fraction=0.25)
+                        whiten_eps=5e-4, tta_level=2, tta_fraction=0.25)
     steps_per_epoch = 50000 // opt['batch_size']  # the header's 245 steps of 32 per epoch, and 7
     assert (steps_per_epoch, math.ceil(steps_per_epoch * opt['train_epochs']),
             math.ceil(steps_per_epoch * opt['whiten_bias_epochs'])) == (32, 245, 7)
@@ -227,12 +227,13 @@ def test_loader_jitters_every_image_anew_each_epoch_after_the_flip(hiverge):
 
 
 # --------------------------------------- The selective TTA ---------------------------------------
-def six_view_logits(net, images):
-    """The six views' mean, each view evaluated alone: independent of infer's batching."""
+def view_logits(net, images, tta_level=2):
+    """The mean of TTA's views (six at level 2, two at level 1), each evaluated alone: independent
+    of infer's batching."""
     padded = F.pad(images, (1,) * 4, mode='reflect')
-    views = [images, padded[:, :, :32, :32], padded[:, :, 2:, 2:]]
+    views = [images, padded[:, :, :32, :32], padded[:, :, 2:, 2:]][:1 if tta_level == 1 else 3]
     with torch.no_grad():
-        return sum(net(v) + net(v.flip(-1)) for v in views) / 6
+        return sum(net(v) + net(v.flip(-1)) for v in views) / (2 * len(views))
 
 
 def test_selective_tta_gives_full_tta_to_the_least_confident_and_plain_logits_to_the_others(
@@ -242,19 +243,25 @@ def test_selective_tta_gives_full_tta_to_the_least_confident_and_plain_logits_to
     plain = hiverge.infer(net, images, 0, NO_AUTOCAST, batch_size=64)
     with torch.no_grad():
         assert torch.allclose(plain, net(images), atol=1e-6)
-    full = six_view_logits(net, images)
-    assert not torch.allclose(full, plain, atol=1e-3)
     confidence = plain.softmax(1).amax(1)
-    for fraction in (0.25, 0.5):
-        selective = hiverge.infer(net, images, fraction, NO_AUTOCAST, batch_size=64)
+    for tta_level, fraction in ((2, 0.25), (2, 0.5), (1, 0.25)):
+        full = view_logits(net, images, tta_level)
+        assert not torch.allclose(full, plain, atol=1e-3)
+        selective = hiverge.infer(net, images, tta_level, NO_AUTOCAST, batch_size=64,
+                                  tta_fraction=fraction)
         count = int(300 * fraction)
         chosen = torch.zeros(300, dtype=torch.bool)
         chosen[confidence.argsort()[:count]] = True  # the least confident
         assert confidence[chosen].max() <= confidence[~chosen].min()
         assert torch.allclose(selective[chosen], full[chosen], atol=1e-5)
         assert torch.equal(selective[~chosen], plain[~chosen])
-    assert torch.allclose(hiverge.infer(net, images, 1, NO_AUTOCAST, batch_size=64), full,
-                          atol=1e-5)
+    # Fraction 1 (the default) is full TTA; fraction 0, or level 0, plain evaluation
+    full = view_logits(net, images)
+    for logits in (hiverge.infer(net, images, 2, NO_AUTOCAST, batch_size=64, tta_fraction=1.0),
+                   hiverge.infer(net, images, 2, NO_AUTOCAST, batch_size=64)):
+        assert torch.allclose(logits, full, atol=1e-5)
+    assert torch.equal(hiverge.infer(net, images, 2, NO_AUTOCAST, 64, tta_fraction=0.0), plain)
+    assert torch.equal(hiverge.infer(net, images, 0, NO_AUTOCAST, 64, tta_fraction=0.25), plain)
 
 
 def test_selective_tta_keeps_outputs_that_the_next_call_overwrites(hiverge):
@@ -270,10 +277,9 @@ def test_selective_tta_keeps_outputs_that_the_next_call_overwrites(hiverge):
             return out.copy_(x[:, :, 1:-1, 1:-1].mean((2, 3)).repeat(1, 4)[:, :10])
 
     images = torch.randn(40, 3, 32, 32)
-    expected = six_view_logits(OneOutputBuffer(), images)
-    for fraction, batch_size in ((1, 8), (0.5, 16)):  # batches of 8 images: several calls
-        logits = hiverge.infer(OneOutputBuffer(), images, fraction, NO_AUTOCAST, batch_size)
-        assert torch.allclose(logits, expected, atol=1e-6) if fraction == 1 else True
+    expected = view_logits(OneOutputBuffer(), images)
+    logits = hiverge.infer(OneOutputBuffer(), images, 2, NO_AUTOCAST, batch_size=8)  # 5 batches
+    assert torch.allclose(logits, expected, atol=1e-6)
     plain = hiverge.infer(OneOutputBuffer(), images, 0, NO_AUTOCAST, batch_size=8)
     assert torch.equal(plain, images[:, :, 1:-1, 1:-1].mean((2, 3)).repeat(1, 4)[:, :10])
 
@@ -372,8 +378,8 @@ def test_whole_training_step_on_the_meta_device_in_the_cuda_recipe(hiverge):
     assert outputs.dtype == torch.float16 and loss.dtype == torch.float32
     assert {name: p.dtype for name, p in net.named_parameters()} == expected  # kept by the steps
     assert all(muon.state[p]['momentum'].dtype == torch.float16 for p in filters)  # as published
-    logits = hiverge.infer(net, torch.empty(10, 3, 32, 32, device=meta, dtype=torch.float16), 0.5,
-                           torch.autocast('cuda', enabled=False), batch_size=4)
+    logits = hiverge.infer(net, torch.empty(10, 3, 32, 32, device=meta, dtype=torch.float16), 2,
+                           torch.autocast('cuda', enabled=False), batch_size=4, tta_fraction=0.5)
     assert logits.shape == (10, 10) and logits.dtype == torch.float32
 
 
@@ -401,7 +407,8 @@ def test_loader_whitening_muon_and_selective_tta_on_fake_cuda(hiverge):
             weight.grad = torch.empty_like(weight)
         hiverge.Muon(filters, 0.205, 0.655, 3, 0.0016, torch.float16).step(renormalize=True)
         assert all(w.device.type == 'cuda' and w.dtype == torch.float16 for w in filters)
-        logits = hiverge.infer(net, normalized, 0.25, torch.autocast('cuda', enabled=False))
+        logits = hiverge.infer(net, normalized, 2, torch.autocast('cuda', enabled=False),
+                               tta_fraction=0.25)
         assert logits.shape == (300, 10) and logits.device.type == 'cuda'
 
 
