@@ -5,7 +5,7 @@ fastest published 94% method, which the airbench authors' README links as the re
 airbench94_muon's method retuned: the same 1,972,792-parameter network (SiLU in its blocks) trained
 by Muon on the 3x3 filters and Nesterov SGD on the rest, for 245 steps of 1536 images, with a
 brightness and contrast jitter, and six-view TTA spent only on the least confident quarter of the
-test set. Training costs 0.24 PFLOPs as this code counts (airbench94_muon: 0.29).
+test set. Training costs 0.263 PFLOPs as tools/flops.py counts them (airbench94_muon: 0.291).
 
 Changes relative to airbench94_muon.py, each with the published value (ours in brackets where
 the published script's code says it otherwise):

@@ -14,7 +14,7 @@ import torch
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The paper's four scripts share the optimizer (SGD with Lookahead); airbench94_muon replaces it
 PAPER_SCRIPTS = ['airbench94', 'airbench94_compiled', 'airbench95', 'airbench96']
-SCRIPTS = [*PAPER_SCRIPTS, 'airbench94_muon']
+SCRIPTS = [*PAPER_SCRIPTS, 'airbench94_muon', 'airbench94_hiverge']
 # airbench96_faster is not among them: tests/test_faster.py runs the per-script checks on it (at
 # small widths where they train, as its full-width end-to-end run alone would take a minute here)
 CPU = torch.device('cpu')

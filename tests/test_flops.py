@@ -44,3 +44,22 @@ def test_airbench96_count_supports_the_papers_7_2_not_7_5(figures):
     exact, nominal = figures['airbench96']['exact'] / 1e15, figures['airbench96']['nominal'] / 1e15
     assert abs(exact - 7.2) < abs(exact - 7.5)
     assert abs(nominal - 7.5) < abs(nominal - 7.2)  # the README's 7.5 counts 50,000 images x 40
+
+
+def test_hiverge_counts_its_selective_tta_and_padded_orthogonalization_as_run():
+    """airbench94_hiverge has no published FLOPs figure: its count is checked against its schedule
+    (245 steps of 1536, the whitening bias trained for 7) and its selective TTA (every test image
+    once, six views of the least confident 2500); measured 0.263 PFLOPs, Newton-Schulz 0.0028."""
+    script = flops_tool.load_script('airbench94_hiverge')
+    counted = flops_tool.run_flops(script)
+    forward, with_bias, without_bias = flops_tool.network_flops(script, script.hyp['net'], 10, 4)
+    assert counted['steps'] == 245
+    tta = (10000 + 6 * 2500) * forward
+    assert counted['exact'] == pytest.approx(1536 * (7 * with_bias + 238 * without_bias) + tta)
+    assert counted['conventional'] == pytest.approx(3 * forward * 1536 * 245 + tta)
+    assert abs(counted['exact'] / 1e15 - 0.263) < 0.002
+    # The six banks padded to 256 x 2304: per iteration x x^T, (x x^T)^2 and that times x
+    per_iteration = 6 * 2 * (2 * 256 * 256 * 2304 + 256**3)
+    assert counted['newton_schulz'] == 245 * 3 * per_iteration
+    muon = flops_tool.run_flops(flops_tool.load_script('airbench94_muon'))
+    assert counted['exact'] < muon['exact']  # fewer FLOPs than the Muon record: 0.263 vs 0.291

@@ -14,7 +14,7 @@ from torch import nn
 # BatchNorm scales). The paper states 1.97 M for airbench94.
 PARAMETER_COUNTS = {'airbench94': 1_972_792, 'airbench94_compiled': 1_972_792,
                     'airbench95': 4_606_520, 'airbench96': 12_721_208,
-                    'airbench94_muon': 1_972_792}
+                    'airbench94_muon': 1_972_792, 'airbench94_hiverge': 1_972_792}
 FEATURE_MAP_SIZES = [31, 15, 7, 3]
 
 

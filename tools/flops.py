@@ -9,12 +9,23 @@ Two counts per script, both from torch.utils.flop_counter (2 FLOPs per multiply-
 airbench96_faster adds its proxy's pass: a forward pass of every batch (1024 images), counted once
 (1 x forward, no backward), and on every fourth batch a training step instead (exact: as run;
 conventional: 3 x forward); its main network's steps count the 512 images it trains on.
+TTA is counted as run: every test image once plus the views of the images TTA is spent on (all of
+them, or with tta_fraction the least confident share, airbench94_hiverge's selective TTA).
+Apart, not in those counts: newton_schulz, the Muon scripts' orthogonalization over the whole run
+(airbench94_muon's per filter bank; airbench94_hiverge's on the six banks padded to one shape).
 
-Usage: python tools/flops.py [airbench94 ...]
+--published PATH counts hiverge's published cifar10_speedrun.py (tools/reference.py says where to
+get it) with the same counter: its CifarNet's forward and training steps (its forward's
+whiten_bias_grad), its infer(tta_level=2) and its _zeropower_via_newtonschulz5 as they run on meta
+tensors, at the schedule its main() states (batch size, epochs, whitening-bias epochs).
+
+Usage: python tools/flops.py [airbench94 ...] [--published PATH/cifar10_speedrun.py]
 """
+import argparse
 import importlib.util
 import math
 import os
+import re
 import sys
 
 import torch
@@ -26,6 +37,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAPER_PFLOPS = {'airbench94': 0.36, 'airbench95': 1.4, 'airbench96': 7.2, 'airbench94_muon': 0.29,
                 'airbench96_faster': 3.1}
 TTA_VIEWS = {0: 1, 1: 2, 2: 6}
+META = torch.device('meta')
 
 
 def load_script(name):
@@ -58,24 +70,51 @@ def network_flops(script, arch, num_classes, probe_batch):
     return forward, step_per_image(True), step_per_image(False)
 
 
+def tta_images(arch, num_test):
+    """Images the network evaluates in the timed TTA: the level's views of every test image, or
+    with tta_fraction every image once and the views of the least confident share."""
+    if 'tta_fraction' not in arch or arch['tta_level'] == 0:
+        return TTA_VIEWS[arch['tta_level']] * num_test
+    return num_test + TTA_VIEWS[arch['tta_level']] * int(num_test * arch['tta_fraction'])
+
+
+def newton_schulz_flops(script, arch, steps):
+    """The Muon scripts' orthogonalization over `steps` steps, run on meta tensors (0 elsewhere)."""
+    if not hasattr(script, 'Muon'):
+        return 0
+    net = script.make_net(arch['widths'], 10, arch['batchnorm_momentum'], arch['scaling_factor'])
+    shapes = [(p.size(0), p[0].numel()) for p in net.parameters()
+              if p.ndim == 4 and p.requires_grad]
+    iterations = script.hyp['opt']['newton_schulz_steps']
+    if 'renormalization_steps' in vars(script):  # batched: the banks padded to the largest shape
+        rows, cols = max(r for r, _ in shapes), max(c for _, c in shapes)
+        per_step = count_flops(lambda: script.orthogonalize(
+            torch.empty(len(shapes), rows, cols, device=META), iterations))
+    else:
+        per_step = sum(count_flops(lambda: script.orthogonalize(
+            torch.empty(shape, device=META), iterations, torch.float32)) for shape in shapes)
+    return per_step * steps
+
+
 def run_flops(script, num_train=50000, num_test=10000, num_classes=10, probe_batch=4):
-    """FLOPs of one run: {'forward_per_image', 'exact', 'conventional', 'nominal', 'steps'}, and
-    for a script with a proxy network its pass's share of them: 'proxy_exact', 'proxy_conventional'
-    and 'proxy_nominal'."""
+    """FLOPs of one run: {'forward_per_image', 'exact', 'conventional', 'nominal', 'steps',
+    'newton_schulz'}, and for a script with a proxy network its pass's share of them:
+    'proxy_exact', 'proxy_conventional' and 'proxy_nominal'."""
     opt, arch = script.hyp['opt'], script.hyp['net']
     forward, step_with_bias, step_without_bias = network_flops(script, arch, num_classes,
                                                                probe_batch)
     steps_per_epoch = num_train // opt['batch_size']
     steps = math.ceil(steps_per_epoch * opt['train_epochs'])
-    steps_with_bias = min(steps, steps_per_epoch * opt['whiten_bias_epochs'])
+    steps_with_bias = min(steps, math.ceil(steps_per_epoch * opt['whiten_bias_epochs']))
     trained_fraction = opt.get('masked_fraction', 1.0)
     images_per_step = round(trained_fraction * opt['batch_size'])
-    tta = TTA_VIEWS[arch['tta_level']] * num_test * forward
+    tta = tta_images(arch, num_test) * forward
     exact = images_per_step * (steps_with_bias * step_with_bias
                                + (steps - steps_with_bias) * step_without_bias) + tta
     conventional = 3 * forward * images_per_step * steps + tta
     nominal = 3 * forward * num_train * opt['train_epochs'] * trained_fraction + tta
-    figures = dict(forward_per_image=forward, steps=steps)
+    figures = dict(forward_per_image=forward, steps=steps,
+                   newton_schulz=newton_schulz_flops(script, arch, steps))
     if 'proxy' in script.hyp:  # its whitening bias is never trained
         proxy_forward, _, proxy_step = network_flops(script, script.hyp['proxy'], num_classes,
                                                      probe_batch)
@@ -93,15 +132,75 @@ def run_flops(script, num_train=50000, num_test=10000, num_classes=10, probe_bat
     return dict(figures, exact=exact, conventional=conventional, nominal=nominal)
 
 
-def main(names):
-    print(f'{"script":<18}{"steps":>6}{"fwd MFLOP/img":>15}{"exact PFLOPs":>14}'
-          f'{"conventional":>14}{"nominal":>9}{"paper":>7}')
-    for name in names:
-        figures = run_flops(load_script(name))
-        print(f'{name:<18}{figures["steps"]:>6}{figures["forward_per_image"] / 1e6:>15.1f}'
-              f'{figures["exact"] / 1e15:>14.3f}{figures["conventional"] / 1e15:>14.3f}'
-              f'{figures["nominal"] / 1e15:>9.3f}{PAPER_PFLOPS.get(name, float("nan")):>7.2f}')
+def published_schedule(source):
+    """(batch size, epochs, whitening-bias epochs) as the published hiverge main() states them."""
+    def number(pattern):
+        found = re.search(pattern, source)
+        if found is None:
+            sys.exit(f'not the published hiverge script: no {pattern!r} in it')
+        return float(found.group(1))
+    return (int(number(r'training_batch_size = (\d+)')),
+            number(r'total_train_steps = ceil\(([0-9.]+) \* len\(train_loader\)\)'),
+            number(r'whiten_bias_train_steps = ceil\(([0-9.]+) \* len\(train_loader\)\)'))
+
+
+def published_flops(path, num_train=50000, num_test=10000, probe_batch=4):
+    """The published hiverge script's FLOPs, as run_flops counts ours (see the docstring)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import reference  # tools/reference.py: its definitions run on the CPU, uncompiled
+    with open(path) as f:
+        source = f.read()
+    batch_size, epochs, whiten_bias_epochs = published_schedule(source)
+    definitions, _, _, _ = reference.split_script(source, path)
+    reference.redirect_cuda_to_cpu()
+    published = {'__name__': 'published'}
+    exec(compile(definitions, path, 'exec'), published)
+    net = published['CifarNet']()
+    net.reset()
+    inputs, labels = torch.randn(probe_batch, 3, 32, 32), torch.randint(0, 10, (probe_batch,))
+    forward = count_flops(lambda: net(inputs)) / probe_batch
+    step_with_bias, step_without_bias = (count_flops(lambda: torch.nn.functional.cross_entropy(
+        net(inputs, whiten_bias_grad=trained), labels, reduction='sum').backward()) / probe_batch
+        for trained in (True, False))
+    steps_per_epoch = num_train // batch_size
+    steps = math.ceil(epochs * steps_per_epoch)
+    steps_with_bias = math.ceil(whiten_bias_epochs * steps_per_epoch)
+    meta_net = published['CifarNet']().to(META)
+    loader = type('Loader', (), dict(images=torch.empty(num_test, 3, 32, 32, device=META),
+                                     normalize=staticmethod(lambda x: x)))
+    tta = count_flops(lambda: published['infer'](meta_net, loader, tta_level=2))
+    filters = [p for p in meta_net.parameters() if p.ndim == 4 and p.requires_grad]
+    meta = [(p.shape, p.size(0), p[0].numel(), i) for i, p in enumerate(filters)]
+    rows = max(p.size(0) for p in filters)
+    cols = (max(p[0].numel() for p in filters) + 15) // 16 * 16  # as its Muon pads
+    newton_schulz = count_flops(lambda: published['_zeropower_via_newtonschulz5'](
+        [torch.empty_like(p) for p in filters], meta, rows, cols, 1, steps))
+    exact = batch_size * (steps_with_bias * step_with_bias
+                          + (steps - steps_with_bias) * step_without_bias) + tta
+    return dict(forward_per_image=forward, steps=steps, tta=tta, exact=exact,
+                conventional=3 * forward * batch_size * steps + tta,
+                nominal=3 * forward * num_train * epochs + tta, newton_schulz=newton_schulz * steps)
+
+
+def print_row(name, figures, paper=float('nan')):
+    print(f'{name:<26}{figures["steps"]:>6}{figures["forward_per_image"] / 1e6:>15.1f}'
+          f'{figures["exact"] / 1e15:>14.3f}{figures["conventional"] / 1e15:>14.3f}'
+          f'{figures["nominal"] / 1e15:>9.3f}{figures["newton_schulz"] / 1e15:>15.4f}'
+          f'{paper:>7.2f}')
+
+
+def main(argv):
+    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser.add_argument('names', nargs='*', default=[*PAPER_PFLOPS, 'airbench94_hiverge'])
+    parser.add_argument('--published', help="the published hiverge cifar10_speedrun.py")
+    args = parser.parse_args(argv)
+    print(f'{"script":<26}{"steps":>6}{"fwd MFLOP/img":>15}{"exact PFLOPs":>14}'
+          f'{"conventional":>14}{"nominal":>9}{"newton_schulz":>15}{"paper":>7}')
+    for name in args.names:
+        print_row(name, run_flops(load_script(name)), PAPER_PFLOPS.get(name, float('nan')))
+    if args.published:
+        print_row('published hiverge', published_flops(args.published))
 
 
 if __name__ == '__main__':
-    main(sys.argv[1:] or list(PAPER_PFLOPS))
+    main(sys.argv[1:])
