@@ -317,6 +317,8 @@ class Muon(torch.optim.Optimizer):
                                       weight_decay=weight_decay, dtype=dtype))
         self.orthogonalize = (torch.compile(orthogonalize, dynamic=False) if compiled
                               else orthogonalize)
+        for weight in self.param_groups[0]['params']:  # in the weights' dtype (fp16 on CUDA)
+            self.state[weight]['momentum'] = torch.zeros_like(weight)
 
     @torch.no_grad()
     def step(self, renormalize=True):
@@ -326,10 +328,7 @@ class Muon(torch.optim.Optimizer):
                 continue
             updates = []
             for weight in weights:
-                state = self.state[weight]
-                if 'momentum' not in state:
-                    state['momentum'] = torch.zeros_like(weight.grad)
-                buffer = state['momentum'].mul_(group['momentum']).add_(weight.grad)
+                buffer = self.state[weight]['momentum'].mul_(group['momentum']).add_(weight.grad)
                 updates.append(weight.grad.add(buffer, alpha=group['momentum']).flatten(1))
             rows, cols = max(u.size(0) for u in updates), max(u.size(1) for u in updates)
             padded = torch.stack([F.pad(u, (0, cols - u.size(1), 0, rows - u.size(0)))
