@@ -1,10 +1,12 @@
 """study.py's command line: the study's flags, its configurations and grids, and `report`."""
 import argparse
 import itertools
+import os
 import re
 
+from .config import Config
 from .errors import StudyError
-from .scripts import available_scripts
+from .scripts import are_script_flags, available_scripts, script_label, script_path
 
 NAME = r'[A-Za-z0-9][A-Za-z0-9_.+-]*'       # a configuration's name, safe as a directory name
 GRID_VALUE = r'[A-Za-z0-9_.+-]+'            # a number or a word: legible in a generated name
@@ -70,42 +72,73 @@ def grid_names(keys):
 
 
 def expand(configs, grids, implicit_baseline):
-    """{name: (script, overrides, base name, {grid key: value})}: every configuration at every
-    combination of the grids' values, named NAME,KEY=VALUE,... (KEY=VALUE,... for the implicit
-    baseline)."""
+    """{name: Config}: every configuration at every combination of the grids' values, named
+    NAME,KEY=VALUE,... (KEY=VALUE,... for the implicit baseline)."""
     keys, expanded = [key for key, _ in grids], {}
-    for name, (script, overrides) in configs.items():
+    for name, script, overrides in configs:
         for values in itertools.product(*(values for _, values in grids)):
             point = [f'{short}={value}' for short, value in zip(grid_names(keys), values)]
             full = ','.join(point if implicit_baseline and point else [name, *point])
-            expanded[full] = (script, [*overrides, *(f'{k}={v}' for k, v in zip(keys, values))],
-                              name, dict(zip(keys, values)))
+            expanded[full] = Config(
+                name=full, script=script, base=name, grid=dict(zip(keys, values)),
+                overrides=[*overrides, *(f'{k}={v}' for k, v in zip(keys, values))])
     return expanded
 
 
 def parse_configs(raw, default_script):
-    """{name: (script or None for the default, overrides)} from the --config flags."""
-    configs = {}
+    """[(name, script label, overrides)] from the --config flags."""
+    configs = []
     for name, *rest in raw:
         if not re.fullmatch(NAME, name):
             raise StudyError(f'--config {name}: a configuration starts with its NAME (letters, '
                              'digits, _.+-), then SCRIPT or KEY=VALUE ...: --config random '
                              'aug.flip=random')
-        if name in configs:
+        if name in [known for known, _, _ in configs]:
             raise StudyError(f'configuration names must differ; used more than once: {name}')
-        script = rest.pop(0) if rest and '=' not in rest[0] else None
-        configs[name] = (script or default_script, rest)
+        script = script_label(script_path(rest.pop(0))) if rest and '=' not in rest[0] else \
+            default_script
+        configs.append((name, script, rest))
     return configs
 
 
+def with_default_script(configs, default_script, typed):
+    """The configurations, with the positional script's own first (the baseline) when every
+    --config names another script: the positional script is trained too, never dropped. The
+    second value is the line that says so, or None."""
+    if not configs or any(script == default_script for _, script, _ in configs):
+        return configs, None
+    name = os.path.basename(default_script).removesuffix('.py')
+    if not re.fullmatch(NAME, name) or name in [known for known, _, _ in configs]:
+        raise StudyError(f'the script {typed} is in no --config (each names its own SCRIPT): give '
+                         f'it one, --config NAME first (the baseline), or give one of the '
+                         "configurations' scripts in its place")
+    return [(name, default_script, []), *configs], (
+        f'the script {typed} is in no --config: it is trained as the configuration {name}, the '
+        'baseline of the comparisons')
+
+
+def parse_known(parser, argv):
+    """The parsed flags; a flag that is not study.py's is refused, saying where it belongs when it
+    is one of the scripts' (they go after --)."""
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        flags = ' '.join(unknown)
+        where = (f'flags of the scripts go after --: study.py SCRIPT --runs N --study-dir DIR -- '
+                 f'{flags}' if are_script_flags(unknown) else
+                 "study.py's flags are in python study.py --help; the scripts' go after --")
+        raise StudyError(f'unrecognized arguments: {flags} ({where})')
+    return args
+
+
 def parse_args(argv):
-    """The study's arguments: args.configs is {name: (script, overrides, base, grid point)},
-    grids expanded; the flags after -- are args.script_flags."""
+    """The study's arguments: args.configs is {name: Config}, grids expanded; the flags after --
+    are args.script_flags; args.notes are what rank 0 says about the command before it starts."""
     argv = list(argv)
     split = argv.index('--') if '--' in argv else len(argv)
     argv, script_flags = argv[:split], argv[split + 1:]
-    args = study_parser('Many trainings of the airbench scripts, on every GPU of one or many '
-                        'machines, with the statistics that research studies need.').parse_args(argv)
+    args = parse_known(study_parser('Many trainings of the airbench scripts, on every GPU of one or '
+                                    'many machines, with the statistics that research studies '
+                                    'need.'), argv)
     if args.runs < 1:
         raise StudyError(f'--runs must be at least 1, not {args.runs}')
     if args.train_subset is not None and not 0 < args.train_subset <= 1:
@@ -114,14 +147,17 @@ def parse_args(argv):
         raise StudyError(f'--val-split is a number of images, not {args.val_split}')
     if not args.lost_after > 0:
         raise StudyError(f'--lost-after is a positive number of seconds, not {args.lost_after}')
-    configs = parse_configs(args.config, args.script) or {'baseline': (args.script, [])}
+    typed, args.script = args.script, script_label(script_path(args.script))
+    configs, note = with_default_script(parse_configs(args.config, args.script), args.script, typed)
     grids = [parse_grid(text) for text in args.grid]
     repeated = sorted({key for key, _ in grids if [k for k, _ in grids].count(key) > 1})
     if repeated:
         raise StudyError(f'--grid {repeated[0]} is given twice; give all its values in one --grid')
-    args.configs = expand(configs, grids, implicit_baseline=not args.config)
+    args.configs = expand(configs or [('baseline', args.script, [])], grids,
+                          implicit_baseline=not args.config)
     args.grid_keys = [key for key, _ in grids]
     args.script_flags = script_flags
+    args.notes = [note] if note else []
     return args
 
 

@@ -15,6 +15,7 @@ keys (under airbench_study/):
 - record/I and outputs/I/TOKEN/K: a finished (or failed) run's record and its outputs in chunks,
   published by the process that holds the lease; rank 0 writes a record only while its lease is
   the publisher's (a late record from a replaced process is dropped), then sets done/I;
+- done_below: every run below it is done (rank 0 moves it on), where the takeovers look from;
 - finished: set by rank 0 once every run is done; the other processes then end.
 Every store call retries with backoff and reconnects for up to STORE_PATIENCE seconds, so a
 dropped connection or a store restarted in that time costs a pause, not the study.
@@ -135,6 +136,7 @@ class World:
         self.node = os.environ.get('GROUP_RANK', socket.gethostname())
         self.store = store or ResilientStore()
         self.token = f'{self.rank}:{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}'
+        self.collector = None  # rank 0's writer of the records, once the launch is planned
 
     def join(self):
         """Say that this process is rank's now: the process it replaces (a torchrun restart) is
@@ -195,7 +197,9 @@ class Liveness:
 
 class Queue:
     """The runs of the plan, handed out once each: first in order from the counter next, then, once
-    it is exhausted, runs whose holder is lost (taken over), until every run is done."""
+    it is exhausted, runs whose holder is lost (taken over), until every run is done. Looking for
+    those starts at done_below and skips runs known done, so it costs the runs still out, not the
+    study's."""
 
     def __init__(self, world, num_jobs, lost_after):
         self.world, self.store, self.num_jobs = world, world.store, num_jobs
@@ -215,7 +219,8 @@ class Queue:
         while (index := self.store.add('next', 1) - 1) < self.num_jobs:
             if self.lease(index):
                 return index, 1
-        for index in range(self.num_jobs):
+        start = int(self.store.get('done_below')) if self.store.check('done_below') else 0
+        for index in range(start, self.num_jobs):
             if index in self.known_done:
                 continue
             if self.store.check(f'done/{index}'):

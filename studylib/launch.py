@@ -17,13 +17,15 @@ import torch
 from . import distribute, report
 from .cli import parse_args, parse_report_args
 from .collect import Collector
+from .config import Study
 from .distribute import MAX_ATTEMPTS, Heartbeat, Liveness, Queue, StoreLost, World
-from .environment import device_model, local_environment, world_environment
+from .environment import local_environment, world_environment
 from .errors import StudyError, Stopped
-from .plan import atomic_write, lock_study_dir, make_plan, open_study
+from .files import atomic_write
+from .plan import lock_study_dir, make_plan, open_study
+from .records import FailedTry, Message
 from .runs import Runner, validation_indices
-from .scripts import (config_hyp, load_script, parse_script_flags, script_label, script_path,
-                      sha256_of)
+from .scripts import config_hyp, open_script
 
 POLL_SECONDS = 0.5  # how often a process without a run looks for one, or for the end
 
@@ -37,29 +39,26 @@ def data_fingerprint(data):
 
 
 def setup_configs(args):
-    """{name: the configuration's script (label, path, SHA-256, module), its flags and hyp}."""
-    modules, configs = {}, {}
-    for name, (script, overrides, base, grid) in args.configs.items():
-        path = script_path(script)
-        if path not in modules:
-            modules[path] = load_script(path)
+    """The study's scripts ({label: Script}, each loaded once) and its configurations resolved
+    ({name: Config} with the script's SHA-256 and the resolved hyp)."""
+    scripts, configs = {}, {}
+    for name, config in args.configs.items():
+        if config.script not in scripts:
+            scripts[config.script] = open_script(config.script, args.script_flags)
+        script = scripts[config.script]
         try:
-            script_args = parse_script_flags(modules[path], args.script_flags)
-            hyp = config_hyp(modules[path], script_args, overrides)
+            hyp = config_hyp(script.module, script.args, config.overrides)
         except StudyError as error:
             raise StudyError(f'--config {name}: {error}' if args.config else str(error)) from None
-        configs[name] = dict(label=script_label(path), path=path, sha256=sha256_of(path),
-                             module=modules[path], args=script_args, overrides=overrides, hyp=hyp,
-                             base=base, grid=grid)
-    return configs
+        configs[name] = config.resolved(script.sha256, hyp)
+    return scripts, configs
 
 
 def setup_process(args, world):
-    """This process's scripts, hyps, device, precision and data, and what it tells rank 0: its
-    environment and data fingerprint (or the error that stops the study)."""
-    main_script = load_script(script_path(args.script))
-    configs = setup_configs(args)
-    main_args = parse_script_flags(main_script, args.script_flags)
+    """This process's scripts, configurations, device, precision and data, and what it tells rank
+    0: its environment and data fingerprint (or the error that stops the study)."""
+    scripts, configs = setup_configs(args)
+    main_script, main_args = scripts[args.script].module, scripts[args.script].args
     try:
         device, precision = main_script.resolve_device_precision(main_args.device,
                                                                  main_args.precision)
@@ -77,13 +76,14 @@ def setup_process(args, world):
                              'than the processes torchrun started there (--nproc_per_node)')
         device = torch.device('cuda', world.local_rank)
     info = dict(local_environment(device, precision), data=data_fingerprint(data))
-    return argparse.Namespace(main_script=main_script, main_args=main_args, configs=configs,
-                              device=device, precision=precision, data=data, info=info)
+    return argparse.Namespace(main_script=main_script, main_args=main_args, scripts=scripts,
+                              configs=configs, device=device, precision=precision, data=data,
+                              info=info)
 
 
-def study_identity(args, process):
-    """What the study is (its settings, and each configuration's script and resolved hyp), as
-    JSON holds them, to compare with DIR's: a command that differs is refused."""
+def study_of(args, process):
+    """What this command's study is: its settings and its configurations (each its script's
+    SHA-256 and resolved hyp), to compare with DIR's (a command that differs is refused)."""
     data = process.data
     settings = dict(seed=args.seed, vary=args.vary, train_subset=args.train_subset,
                     val_split=args.val_split, save_logits=args.save_logits,
@@ -92,11 +92,7 @@ def study_identity(args, process):
                         train_splits=process.main_args.train_splits,
                         sha256=process.info['data'], num_train=len(data['train']['labels']),
                         num_test=len(data['test']['labels']), classes=list(data['classes'])))
-    configs = {name: dict(script=entry['label'], script_sha256=entry['sha256'],
-                          overrides=entry['overrides'], base=entry['base'], grid=entry['grid'],
-                          hyp=entry['hyp'])
-               for name, entry in process.configs.items()}
-    return json.loads(json.dumps(settings)), json.loads(json.dumps(configs))
+    return Study(settings=settings, configs=process.configs, runs=args.runs, target=args.target)
 
 
 def check_world(infos):
@@ -130,16 +126,12 @@ def plan_launch(args, process, infos, command):
     Returns the lock on DIR and the plan."""
     check_world(infos)
     check_outputs_travel(args, process.data)
-    settings, configs = study_identity(args, process)
     launch = dict(id=uuid.uuid4().hex[:12], command=command, environment=world_environment(infos),
                   started=datetime.datetime.now(datetime.timezone.utc).isoformat())
-    lock, study = open_study(args.study_dir, settings, configs, args.runs, command, launch)
+    lock, _ = open_study(args.study_dir, study_of(args, process), command, launch)
     try:
-        if args.target is not None:
-            study['target'] = args.target
-            atomic_write(os.path.join(args.study_dir, 'study.json'), json.dumps(study, indent=2))
         runner_files(args, process)
-        plan = dict(make_plan(args.study_dir, list(configs), args.runs, launch),
+        plan = dict(make_plan(args.study_dir, list(process.configs), args.runs, launch),
                     data=process.info['data'])
     except BaseException:
         lock.close()
@@ -213,12 +205,12 @@ def prepare_device(process):
 
 
 def failure_record(config, run, error, runner):
-    """The record of a run that raised: what and where, so that the report can say so."""
-    return dict(config=config, run=run, failed=True, error_type=type(error).__name__,
-                error=str(error)[:4000], rank=runner.world.rank, host=socket.gethostname(),
-                device=str(runner.device), device_model=device_model(runner.device),
-                launch=runner.launch,
-                finished=datetime.datetime.now(datetime.timezone.utc).isoformat())
+    """The record of a try that raised: what and where, so that the report can say so."""
+    return FailedTry(config=config, run=run, error_type=type(error).__name__,
+                     error=str(error)[:4000], rank=runner.world.rank, host=socket.gethostname(),
+                     device=str(runner.device), device_model=runner.device_model,
+                     launch=runner.launch,
+                     finished=datetime.datetime.now(datetime.timezone.utc).isoformat())
 
 
 def train_one(runner, config, run):
@@ -237,10 +229,10 @@ def publish(world, queue, index, record, outputs):
     run's lease (else another process has taken the run over: this late result is dropped)."""
     if not queue.holds(index):
         return False
-    record['has_outputs'] = outputs is not None
     if outputs is not None:
         world.store.set_large(f'outputs/{index}/{world.token}', outputs)
-    world.store.set(f'record/{index}/{world.token}', json.dumps(record, indent=2))
+    world.store.set(f'record/{index}/{world.token}',
+                    Message(record=record, has_outputs=outputs is not None).encode())
     return True
 
 
@@ -252,10 +244,10 @@ class BrokenDevice:
         self.limit, self.recent = limit, []
 
     def check(self, record):
-        self.recent = [*self.recent, record][-self.limit:] if record.get('failed') else []
-        if len(self.recent) == self.limit and len({r['config'] for r in self.recent}) > 1:
+        self.recent = [*self.recent, record][-self.limit:] if record.failed else []
+        if len(self.recent) == self.limit and len({r.config for r in self.recent}) > 1:
             raise StudyError(f'{self.limit} runs in a row failed on this process (rank '
-                             f"{record['rank']}, {record['host']}, {record['device']}), in "
+                             f'{record.rank}, {record.host}, {record.device}), in '
                              'different configurations: its device may be broken; the failures '
                              'are recorded, and the same command retries them')
 
@@ -305,6 +297,8 @@ class SharedError(StudyError):
 
 
 def run_study(args, world, command):
+    """This process's part of the launch: set up, train from the queue and, on rank 0, write the
+    records, then the report (world.collector: what it wrote)."""
     replacing = world.join()
     heartbeat = Heartbeat(world)
     heartbeat.start()
@@ -316,28 +310,45 @@ def run_study(args, world, command):
     runner = Runner(args, process, world, plan['launch'])
     collector = None
     if world.rank == 0:
-        collector = Collector(world, plan, args.study_dir)
+        collector = world.collector = Collector(world, plan, args.study_dir)
+        for note in args.notes:
+            print(note, flush=True)
         print(f"{'rank 0 rejoins the launch; ' if replacing else ''}study in {args.study_dir}: "
-              f"{plan['total'] - len(plan['jobs']) + len(collector.written)} of {plan['total']} "
-              f"runs of this launch's configurations finished, "
-              f"{len(plan['jobs']) - len(collector.written)} to train; world size {world.size} on "
-              f"{plan['environment']['hosts']} ({process.device.type}, {process.precision})",
-              flush=True)
+              f"{collector.finished()} of {plan['total']} runs of this launch's configurations "
+              f"finished, {len(plan['jobs']) - len(collector.written)} to train; world size "
+              f"{world.size} on {plan['environment']['hosts']} ({process.device.type}, "
+              f'{process.precision})', flush=True)
     try:
         runner.warm_up(sorted({config for config, _ in plan['jobs']}))
         work(args, world, plan, runner, collector)
     finally:
         heartbeat.stopping.set()
         if collector is not None:
-            collector.collect()  # stopped early or not: what has arrived is kept
-            report.write_outputs(args.study_dir)
-            lock.close()
+            try:
+                collector.collect()  # stopped early or not: what has arrived is kept
+            finally:
+                try:
+                    write_report(args.study_dir)
+                finally:
+                    lock.close()
     if collector is not None and collector.failed:
-        failed = sorted(collector.failed.values(), key=lambda r: (r['config'], r['run']))
-        shown = ', '.join(f"{r['config']} run {r['run']} ({r['error_type']})" for r in failed[:5])
+        failed = sorted(collector.failed.values(), key=lambda r: (r.config, r.run))
+        shown = ', '.join(f'{r.config} run {r.run} ({r.error_type})' for r in failed[:5])
         raise StudyError(f'{len(failed)} runs failed: {shown}{" ..." if len(failed) > 5 else ""};'
                          f' their errors are in {args.study_dir}/runs/CONFIG/RUN.failed.json, the '
                          'summary counts them, and the same command retries them')
+
+
+def write_report(study_dir):
+    """The summary, report and plots at the end of a launch. Their failure never replaces the
+    launch's outcome (its records are written): one line says so and how to rebuild them."""
+    try:
+        report.write_outputs(study_dir)
+    except Exception as error:  # noqa: BLE001: whatever the analyses raise, the runs are kept
+        message = (str(error).splitlines() or [''])[0][:300]
+        print(f'warning: the report of {study_dir} could not be written ({type(error).__name__}: '
+              f'{message}); the runs are kept: rebuild it with python study.py report '
+              f'{study_dir}', file=sys.stderr, flush=True)
 
 
 def raise_stopped(signal_number, frame):
@@ -367,26 +378,19 @@ def main(argv=None):
             print(f'error: {where}{error}', file=sys.stderr, flush=True)
         return 1
     except (KeyboardInterrupt, Stopped) as stop:
-        if world is not None and world.rank == 0:
-            print(f'\nStopped: {finished_runs(args.study_dir)} finished runs are in '
+        collector = None if world is None else world.collector
+        if collector is not None:
+            print(f'\nStopped: {collector.finished()} of {collector.total} finished runs are in '
                   f'{args.study_dir}; the same command continues the study.', file=sys.stderr,
                   flush=True)
+        elif world is not None and world.rank == 0:
+            print('\nStopped before training; the same command starts or continues the study.',
+                  file=sys.stderr, flush=True)
         return 130 if isinstance(stop, KeyboardInterrupt) else 143
     finally:
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous_handler)
     return 0
-
-
-def finished_runs(study_dir):
-    """'K of N' from the summary rank 0 wrote as it stopped."""
-    try:
-        with open(os.path.join(study_dir, 'summary.json')) as f:
-            summary = json.load(f)
-        total = len(summary['configs']) * summary['runs_requested']
-        return f"{summary['runs_finished']} of {total}"
-    except (OSError, ValueError, KeyError):
-        return 'the'
 
 
 def report_main(argv):

@@ -1,44 +1,15 @@
-"""What a study is (study.json), the study directory and its lock, and the plan of a launch: the
-runs still to train."""
+"""A study's directory and its lock, the study.json of a launch (the study, checked against DIR's
+and extended), and the plan of a launch: the runs still to train."""
 import fcntl
 import json
 import os
 
+from .config import Study
 from .errors import StudyError
+# Where report and load import them from until they import them from files
+from .files import atomic_write, failure_path, finished_runs, read_json, record_path  # noqa: F401
 
 SOURCES = ('init', 'order', 'aug')  # the sources of randomness of the scripts' source_seeds
-
-
-def atomic_write(path, content):
-    """Write to a temporary file, then rename it: a crash never leaves a half-written file."""
-    temporary = f'{path}.tmp{os.getpid()}'
-    with open(temporary, 'wb' if isinstance(content, bytes) else 'w') as f:
-        f.write(content)
-    os.replace(temporary, path)
-
-
-def record_path(study_dir, config, run):
-    return os.path.join(study_dir, 'runs', config, f'{run:05d}.json')
-
-
-def failure_path(study_dir, config, run):
-    """The tries of a run that failed (its exceptions), until a later launch trains it."""
-    return os.path.join(study_dir, 'runs', config, f'{run:05d}.failed.json')
-
-
-def read_json(path, what):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError) as error:
-        raise StudyError(f'{path} is unreadable ({error}); {what}') from None
-
-
-def read_records(study_dir, configs, runs):
-    """{(config, run): record} of the finished runs (those with a record)."""
-    return {(config, run): read_json(path, 'remove it to train that run again')
-            for config in configs for run in range(runs)
-            if os.path.exists(path := record_path(study_dir, config, run))}
 
 
 def differences(there, here, key=''):
@@ -72,48 +43,46 @@ def lock_study_dir(study_dir):
     return lock
 
 
-def merge_study(existing, settings, configs, runs, command):
-    """study.json's content after this launch: the settings must be the study's, each configuration
-    already in it must be unchanged (new ones are added), and --runs may only grow."""
+def merge_study(existing, study, command):
+    """The Study after this launch: the settings must be DIR's, each configuration already in it
+    must be unchanged (new ones are added), and --runs may only grow."""
     if existing is None:
-        return dict(settings=settings, configs=configs, runs=runs, commands=[command], launches=[])
-    if not isinstance(existing.get('configs'), dict) or 'settings' not in existing:
-        raise StudyError('the study.json there was written by an older study.py; continue it with '
-                         'that version, or use another --study-dir')
-    differ = differences(existing['settings'], settings)
-    differ += differences({name: existing['configs'][name] for name in configs
-                           if name in existing['configs']},
-                          {name: config for name, config in configs.items()
-                           if name in existing['configs']}, 'configs')
+        study.commands = [command]
+        return study
+    here = {name: config.to_json() for name, config in study.configs.items()
+            if name in existing.configs}
+    there = {name: existing.configs[name].to_json() for name in here}
+    differ = differences(existing.settings, study.to_json()['settings']) + \
+        differences(there, here, 'configs')
     if differ:
         shown = '; '.join(differ[:4]) + (f'; and {len(differ) - 4} more' if len(differ) > 4 else '')
         raise StudyError(f'it holds another study: {shown}. Use another --study-dir, or a command '
                          'of its study.json to continue it (new configurations may be added)')
-    if runs < existing['runs']:
-        raise StudyError(f"it holds this study with --runs {existing['runs']}; --runs {runs} would "
-                         f"leave runs out: give --runs {existing['runs']} to continue it, or more "
-                         'to extend it')
-    grows = runs > existing['runs'] or any(name not in existing['configs'] for name in configs)
-    commands = existing['commands'] + ([command] if grows else [])
-    return dict(settings=settings, configs={**existing['configs'], **configs}, runs=runs,
-                commands=commands, launches=existing.get('launches', []))
+    if study.runs < existing.runs:
+        raise StudyError(f'it holds this study with --runs {existing.runs}; --runs {study.runs} '
+                         f'would leave runs out: give --runs {existing.runs} to continue it, or '
+                         'more to extend it')
+    grows = study.runs > existing.runs or any(name not in existing.configs
+                                              for name in study.configs)
+    return Study(settings=existing.settings, configs={**existing.configs, **study.configs},
+                 runs=study.runs, commands=existing.commands + ([command] if grows else []),
+                 launches=existing.launches,
+                 target=study.target if study.target is not None else existing.target)
 
 
-def open_study(study_dir, settings, configs, runs, command, launch):
+def open_study(study_dir, study, command, launch):
     """Rank 0 at the start of a launch: lock DIR, check that it holds this study or none (or one
     that this launch extends), and write study.json with the launch (its id, command and
-    environment) added. Returns the lock and the study."""
+    environment) added. Returns the lock and the study as DIR holds it now."""
     lock = lock_study_dir(study_dir)
-    path = os.path.join(study_dir, 'study.json')
     try:
-        existing = read_json(path, 'use another --study-dir, or restore it') \
-            if os.path.exists(path) else None
+        existing = Study.read(study_dir)
         try:
-            study = merge_study(existing, settings, configs, runs, command)
+            study = merge_study(existing, study, command)
         except StudyError as error:
             raise StudyError(f'{study_dir}: {error}') from None
-        study['launches'].append(launch)
-        atomic_write(path, json.dumps(study, indent=2))
+        study.launches = [*study.launches, launch]
+        study.write(study_dir)
     except BaseException:
         lock.close()
         raise
@@ -127,7 +96,7 @@ def open_study(study_dir, settings, configs, runs, command, launch):
 def make_plan(study_dir, configs, runs, launch):
     """The runs of this launch's configurations without a record, run-major (the runs of a seed
     finish together, so that a partial study is paired)."""
-    finished = read_records(study_dir, configs, runs)
+    finished = finished_runs(study_dir, configs)
     jobs = [[config, run] for run in range(runs) for config in configs
             if (config, run) not in finished]
     total = len(configs) * runs

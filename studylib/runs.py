@@ -13,6 +13,7 @@ import torch
 
 from .environment import device_model
 from .plan import run_seeds
+from .records import RunRecord
 
 
 def derived_seed(*parts):
@@ -51,10 +52,12 @@ class Runner:
 
     def __init__(self, args, process, world, launch):
         self.args, self.world, self.launch = args, world, launch
-        self.configs = process.configs
+        self.configs, self.scripts = process.configs, process.scripts
         self.source_seeds = process.main_script.source_seeds  # one for all: runs stay paired
         self.device, self.precision, data = process.device, process.precision, process.data
+        self.device_model = device_model(self.device)
         self.nets, self.warmed_up = {}, set()  # networks by (script, architecture), reinitialized
+        self.test_inputs = {}  # the normalized test images by script: the same for every run
         on_device = lambda split: {key: value.to(self.device) for key, value in split.items()}
         self.train_split, self.test_split = on_device(data['train']), on_device(data['test'])
         self.data = {key: data[key] for key in ('classes', 'mean', 'std')}
@@ -65,95 +68,106 @@ class Runner:
             self.eval_split = {key: value[self.held_out.to(self.device)]
                                for key, value in self.train_split.items()}
 
+    def script(self, config):
+        return self.scripts[self.configs[config].script]
+
     def net(self, config):
-        script, hyp = self.configs[config]['module'], self.configs[config]['hyp']
-        key = (self.configs[config]['path'], json.dumps(hyp['net'], sort_keys=True))
+        script, hyp = self.script(config), self.configs[config].hyp
+        key = (script.path, json.dumps(hyp['net'], sort_keys=True))
         if key not in self.nets:
-            self.nets[key] = script.build_net(hyp['net'], len(self.data['classes']), self.device,
-                                              self.precision)
+            self.nets[key] = script.module.build_net(hyp['net'], len(self.data['classes']),
+                                                     self.device, self.precision)
         return self.nets[key]
 
     def warm_up(self, configs):
         """Before the first timed run, one untimed run on dummy data of every (script, hyp) that
         the study will train: allocation, kernel choices and compilation happen here."""
         for config in configs:
-            script, hyp = self.configs[config]['module'], self.configs[config]['hyp']
-            key = warmup_key(self.configs[config]['path'], hyp)
-            if key in self.warmed_up or not self.configs[config]['args'].warmup:
+            script, hyp = self.script(config), self.configs[config].hyp
+            key = warmup_key(script.path, hyp)
+            if key in self.warmed_up or not script.args.warmup:
                 continue
-            dummy = script.dummy_dataset(len(self.data['classes']), hyp['opt']['batch_size'],
-                                         len(self.eval_split['labels']), self.device)
-            script.train(dummy, hyp, self.device, self.precision, self.source_seeds(0),
-                         self.net(config), epoch_eval=self.configs[config]['args'].epoch_eval)
+            dummy = script.module.dummy_dataset(len(self.data['classes']),
+                                                hyp['opt']['batch_size'],
+                                                len(self.eval_split['labels']), self.device)
+            script.module.train(dummy, hyp, self.device, self.precision, self.source_seeds(0),
+                                self.net(config), epoch_eval=script.args.epoch_eval)
             self.warmed_up.add(key)
 
-    def logits(self, config, net, images, tta_level):
-        """A trained network's logits (fp32) for uint8 images, normalized by the script's own
-        loader, as train() normalizes its test images."""
-        script, hyp = self.configs[config]['module'], self.configs[config]['hyp']
-        dtype = torch.float16 if self.precision == 'fp16' else torch.float32
-        loader = script.CifarLoader(images, None, len(images), self.data['mean'],
-                                    self.data['std'], hyp['aug'], dtype)
-        inputs = loader.normalize(loader.images)
+    def normalized_test_images(self, config):
+        """The test images as the script's own loader normalizes them (as train() normalizes its
+        test images), computed once per script and kept."""
+        script = self.script(config)
+        if script.path not in self.test_inputs:
+            dtype = torch.float16 if self.precision == 'fp16' else torch.float32
+            images = self.test_split['images']
+            loader = script.module.CifarLoader(images, None, len(images), self.data['mean'],
+                                               self.data['std'], self.configs[config].hyp['aug'],
+                                               dtype)
+            self.test_inputs[script.path] = loader.normalize(loader.images)
+        return self.test_inputs[script.path]
+
+    def logits(self, config, net, tta_level):
+        """A trained network's logits (fp32) for the test images."""
         autocast = torch.autocast(self.device.type, dtype=torch.bfloat16,
                                   enabled=(self.precision == 'bf16'))
-        return script.infer(net, inputs, tta_level, autocast)
+        return self.script(config).module.infer(net, self.normalized_test_images(config),
+                                                tta_level, autocast)
 
-    def run_data(self, record):
-        """The data of a run (its training subset, the evaluated split) and its subset mask."""
-        args, mask = self.args, None
+    def run_data(self, run):
+        """The data of a run (its training subset, the evaluated split), its subset mask and the
+        subset's seed."""
+        args, mask, subset_seed = self.args, None, None
         if args.train_subset is not None:
-            record['subset_seed'] = derived_seed('subset', args.seed + record['run'])
+            subset_seed = derived_seed('subset', args.seed + run)
         if args.train_subset is not None or self.held_out is not None:
             mask = training_mask(len(self.train_split['labels']),
                                  [] if self.held_out is None else self.held_out, args.train_subset,
-                                 record.get('subset_seed'))
+                                 subset_seed)
         train_split = self.train_split if mask is None else {
             key: value[mask.to(self.device)] for key, value in self.train_split.items()}
-        return {**self.data, 'train': train_split, 'test': self.eval_split}, mask
+        return {**self.data, 'train': train_split, 'test': self.eval_split}, mask, subset_seed
 
     def run(self, config, run):
         """Train one run: its record, and its outputs (logits, subset mask) as torch.save bytes."""
-        args, entry = self.args, self.configs[config]
-        script, hyp = entry['module'], entry['hyp']
+        args, script, hyp = self.args, self.script(config), self.configs[config].hyp
         seeds = run_seeds(self.source_seeds, args.seed, run, args.vary)
-        record = dict(config=config, run=run, script=entry['label'], seed=args.seed + run,
-                      seeds=seeds, vary=args.vary)
-        data, mask = self.run_data(record)
-        graphs_before = script.compiled_graph_count()
-        result = script.train(data, hyp, self.device, self.precision, seeds, self.net(config),
-                              entry['args'].epoch_eval)
+        data, mask, subset_seed = self.run_data(run)
+        graphs_before = script.module.compiled_graph_count()
+        result = script.module.train(data, hyp, self.device, self.precision, seeds,
+                                     self.net(config), script.args.epoch_eval)
+        graphs = script.module.compiled_graph_count() - graphs_before
+        outputs, test_acc = self.outputs(config, result['net'], mask)
         losses = result['epoch_train_losses']
-        record.update(
-            accuracy=result['tta_val_acc'],  # what the statistics are of
+        record = RunRecord(
+            config=config, run=run, script=script.label, seed=args.seed + run, seeds=seeds,
+            vary=args.vary, subset_seed=subset_seed, accuracy=result['tta_val_acc'],
             accuracy_on='test' if self.held_out is None else 'validation',
-            test_acc=result['tta_val_acc'], val_acc=result['val_acc'],
-            total_time_seconds=result['total_time_seconds'], steps=result['steps'],
-            graphs_compiled_during_run=script.compiled_graph_count() - graphs_before,
+            test_acc=result['tta_val_acc'] if test_acc is None else test_acc,
+            val_acc=result['val_acc'], total_time_seconds=result['total_time_seconds'],
+            steps=result['steps'], graphs_compiled_during_run=graphs,
             epoch_train_losses=[loss if math.isfinite(loss) else None for loss in losses],
-            diverged=not all(map(math.isfinite, losses)), train_images=len(data['train']['labels']))
-        outputs = self.outputs(config, result['net'], record, mask)
-        record.update(rank=self.world.rank, host=socket.gethostname(), device=str(self.device),
-                      device_model=device_model(self.device), torch=torch.__version__,
-                      launch=self.launch,
-                      finished=datetime.datetime.now(datetime.timezone.utc).isoformat())
+            diverged=not all(map(math.isfinite, losses)), train_images=len(data['train']['labels']),
+            rank=self.world.rank, host=socket.gethostname(), device=str(self.device),
+            device_model=self.device_model, torch=torch.__version__, launch=self.launch,
+            finished=datetime.datetime.now(datetime.timezone.utc).isoformat())
         buffer = io.BytesIO()
         if outputs:
             torch.save(outputs, buffer)
         return record, buffer.getvalue() or None
 
-    def outputs(self, config, net, record, mask):
-        """The saved outputs of a run: test logits with and without TTA in fp16 (kept as computed,
-        so that they give test_acc exactly), and the subset mask."""
-        outputs = {}
+    def outputs(self, config, net, mask):
+        """The saved outputs of a run (test logits with and without TTA in fp16, kept as computed,
+        so that they give test_acc exactly; the subset mask), and the test accuracy of its TTA
+        logits where train() evaluated another split (None where it evaluated the test set)."""
+        outputs, test_acc = {}, None
         if self.args.save_logits or self.held_out is not None:  # test logits: not what train() saw
-            tta_level = self.configs[config]['hyp']['net']['tta_level']
-            images, labels = self.test_split['images'], self.test_split['labels']
-            logits = self.logits(config, net, images, tta_level).half()
-            record['test_acc'] = (logits.argmax(1) == labels).float().mean().item()
+            tta_level = self.configs[config].hyp['net']['tta_level']
+            logits = self.logits(config, net, tta_level).half()
+            test_acc = (logits.argmax(1) == self.test_split['labels']).float().mean().item()
             if self.args.save_logits:
                 outputs['logits'] = logits.cpu()
-                outputs['logits_plain'] = self.logits(config, net, images, 0).half().cpu()
+                outputs['logits_plain'] = self.logits(config, net, 0).half().cpu()
         if self.args.train_subset is not None:
             outputs['train_mask'] = mask
-        return outputs
+        return outputs, test_acc

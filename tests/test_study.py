@@ -83,13 +83,13 @@ def finish(process, timeout=180):
 def study_main(monkeypatch):
     """study.main in this process, on a script module the test may instrument."""
     study = load_script('study')
-    import studylib.launch
+    import studylib.scripts
     for key in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK'):
         monkeypatch.delenv(key, raising=False)
 
     def main(argv, script=None):
         if script is not None:
-            monkeypatch.setattr(studylib.launch, 'load_script', lambda path: script)
+            monkeypatch.setattr(studylib.scripts, 'load_script', lambda path: script)
         return study.main(argv)
     return main
 

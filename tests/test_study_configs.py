@@ -12,6 +12,7 @@ from test_study import records, record_files, study_main, study_summary, trainin
 
 study = load_script('study')
 from studylib import cli  # noqa: E402  (importable once study.py put the repository on the path)
+from studylib.config import Config  # noqa: E402
 
 
 def test_a_grid_expands_every_configuration_over_every_combination():
@@ -21,10 +22,10 @@ def test_a_grid_expands_every_configuration_over_every_combination():
     assert list(args.configs) == [
         f'{name},train_epochs={epochs},tta_level={tta}' for name in ('alt', 'rnd')
         for epochs in (5, 10) for tta in (0, 2)]
-    script, overrides, base, grid = args.configs['rnd,train_epochs=10,tta_level=0']
-    assert script == 'airbench94' and base == 'rnd'
-    assert overrides == ['aug.flip=random', 'opt.train_epochs=10', 'net.tta_level=0']
-    assert grid == {'opt.train_epochs': '10', 'net.tta_level': '0'}
+    config = args.configs['rnd,train_epochs=10,tta_level=0']
+    assert config == Config(name='rnd,train_epochs=10,tta_level=0', script='airbench94',
+                            overrides=['aug.flip=random', 'opt.train_epochs=10', 'net.tta_level=0'],
+                            base='rnd', grid={'opt.train_epochs': '10', 'net.tta_level': '0'})
     alone = cli.parse_args(['airbench94', '--runs', '1', '--study-dir', 'x',
                             '--grid', 'opt.lr=1,2', '--grid', 'aug.lr=3'])  # two leaves 'lr'
     assert list(alone.configs) == ['opt.lr=1,aug.lr=3', 'opt.lr=2,aug.lr=3']
@@ -47,8 +48,8 @@ def test_configurations_of_two_scripts_are_paired_and_each_warmed_up_before_timi
             return original(data, *args, **kwargs)
         module.train = recording
         monkeypatch.setitem(LOADED, os.path.join(REPO, f'{name}.py'), module)
-    import studylib.launch
-    monkeypatch.setattr(studylib.launch, 'load_script', LOADED.__getitem__)
+    import studylib.scripts
+    monkeypatch.setattr(studylib.scripts, 'load_script', LOADED.__getitem__)
     study_dir = tmp_path / 'study'
     assert study_main(['airbench94', '--runs', '2', '--study-dir', str(study_dir),
                        '--config', 'a94', '--config', 'a95', 'airbench95',

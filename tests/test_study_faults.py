@@ -3,6 +3,7 @@ the same launch completes the study, every run once, without waiting out a timeo
 two, static and c10d rendezvous, a worker and rank 0); a stopped process's run is taken over and
 its late record dropped; a run that raises is recorded and retried by the next launch; SIGTERM
 keeps what is finished; outputs of any size travel in chunks; the store may drop connections."""
+import dataclasses
 import datetime
 import json
 import os
@@ -23,6 +24,7 @@ from test_study import (finish, launch, record_files, records, study_main, study
 load_script('study')  # puts the repository on the path
 from studylib import distribute  # noqa: E402
 from studylib.collect import Collector  # noqa: E402
+from studylib.records import Message, RunRecord  # noqa: E402
 
 RUNS = ['--runs', '8', '--', *training(width=32, epochs=2)]
 
@@ -127,13 +129,17 @@ def test_the_holder_of_a_lease_alone_is_written(tmp_path):
     assert queue_b.claim() is None  # A is alive: nothing to take
     store.set(f'dead/{a.token}', '1')  # as A's successor says when torchrun replaces it
     assert queue_b.claim() == (0, 2)  # B takes the run over: its second attempt
-    record = dict(config='c', run=0, failed=False, diverged=False, accuracy=0.5,
-                  accuracy_on='test', total_time_seconds=1.0, rank=0, host='h', has_outputs=False)
+    record = RunRecord(config='c', run=0, script='s', seed=0, seeds={}, vary='all', accuracy=0.5,
+                       accuracy_on='test', test_acc=0.5, val_acc=None, total_time_seconds=1.0,
+                       steps=1, graphs_compiled_during_run=0, epoch_train_losses=[1.0],
+                       diverged=False, train_images=1, rank=0, host='h', device='cpu',
+                       device_model='m', torch='t', launch='x', finished='now')
     assert not queue_a.holds(0)
-    store.set(f'record/0/{a.token}', json.dumps({**record, 'accuracy': 0.1}))  # a late record
+    late = dataclasses.replace(record, accuracy=0.1)
+    store.set(f'record/0/{a.token}', Message(late, has_outputs=False).encode())  # a late record
     collector = Collector(a, plan, str(tmp_path))
     assert collector.collect() == 0  # not the holder's: not written
-    store.set(f'record/0/{b.token}', json.dumps(record))
+    store.set(f'record/0/{b.token}', Message(record, has_outputs=False).encode())
     assert collector.collect() == 1 and collector.collect() == 0
     written = json.load(open(tmp_path / 'runs' / 'c' / '00000.json'))
     assert written['accuracy'] == 0.5 and collector.all_done()

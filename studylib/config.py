@@ -1,0 +1,92 @@
+"""What a study is: its configurations (Config) and study.json as a whole (Study), one type each
+from the command line to study.json and back."""
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+
+from .errors import StudyError
+from .files import atomic_write, read_json
+
+
+def as_json(value):
+    """value as JSON gives it back (tuples as lists, keys as strings): what study.json compares."""
+    return json.loads(json.dumps(value))
+
+
+@dataclass
+class Config:
+    """A configuration: a script's hyp with overrides, at one point of the grids. The command line
+    makes it (script: a repository script's name or a file's absolute path); the launch resolves
+    it (script_sha256: its code's SHA-256, hyp: the script's resolved hyp); study.json stores it
+    under its name as to_json()."""
+    name: str
+    script: str
+    overrides: list = field(default_factory=list)
+    base: str = ''
+    grid: dict = field(default_factory=dict)
+    script_sha256: str | None = None
+    hyp: dict | None = None
+
+    JSON_KEYS = ('script', 'script_sha256', 'overrides', 'base', 'grid', 'hyp')
+
+    def resolved(self, script_sha256, hyp):
+        return dataclasses.replace(self, script_sha256=script_sha256, hyp=hyp)
+
+    def to_json(self):
+        return as_json({key: getattr(self, key) for key in self.JSON_KEYS})
+
+    @classmethod
+    def from_json(cls, name, entry, where):
+        missing = [key for key in cls.JSON_KEYS if not isinstance(entry, dict) or key not in entry]
+        if missing:
+            raise StudyError(f'{where}: configuration {name} lacks {", ".join(missing)}; restore '
+                             'study.json from a copy, or use another --study-dir')
+        return cls(name=name, **{key: entry[key] for key in cls.JSON_KEYS})
+
+
+@dataclass
+class Study:
+    """study.json: the settings (seed, --vary, subset, validation split, --save-logits, precision,
+    the data), the configurations in order (the first is the baseline), the runs of each, the
+    target, the commands that made the study and every launch (id, start, command, environment)."""
+    settings: dict
+    configs: dict
+    runs: int
+    commands: list = field(default_factory=list)
+    launches: list = field(default_factory=list)
+    target: float | None = None
+
+    def to_json(self):
+        content = dict(settings=as_json(self.settings),
+                       configs={name: config.to_json() for name, config in self.configs.items()},
+                       runs=self.runs, commands=self.commands, launches=self.launches)
+        return content if self.target is None else {**content, 'target': self.target}
+
+    @classmethod
+    def from_json(cls, content, where):
+        if not isinstance(content, dict) or not isinstance(content.get('configs'), dict) or \
+                'settings' not in content or 'runs' not in content:
+            raise StudyError(f'{where} was not written by this study.py (no settings, configs and '
+                             'runs); continue it with the study.py that made it, or use another '
+                             '--study-dir')
+        configs = {name: Config.from_json(name, entry, where)
+                   for name, entry in content['configs'].items()}
+        return cls(settings=content['settings'], configs=configs, runs=content['runs'],
+                   commands=content.get('commands', []), launches=content.get('launches', []),
+                   target=content.get('target'))
+
+    @staticmethod
+    def path(study_dir):
+        return os.path.join(study_dir, 'study.json')
+
+    @classmethod
+    def read(cls, study_dir):
+        """The study in study_dir, or None where there is none yet."""
+        path = cls.path(study_dir)
+        if not os.path.exists(path):
+            return None
+        return cls.from_json(read_json(path, 'use another --study-dir, or restore it'), path)
+
+    def write(self, study_dir):
+        atomic_write(self.path(study_dir), json.dumps(self.to_json(), indent=2))

@@ -1,0 +1,283 @@
+"""study.py's engine (issue #28): a study of the stand-in script (tests/stand_in_script.py, its method
+alone) gives the figures of its known curve; the engine's work per run does not grow with the
+runs; one Config from the command line to study.json and back, and today's study.json opens; a
+copy that defines only its method; the command line's traps; a report that fails never replaces
+the launch's outcome."""
+import fcntl
+import json
+import os
+import shutil
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO, load_script
+from test_study import records, study_main, study_summary, training  # noqa: F401
+
+load_script('study')  # puts the repository on the path
+import studylib.report  # noqa: E402
+import studylib.scripts  # noqa: E402
+from studylib import cli  # noqa: E402
+from studylib.config import Config, Study, as_json  # noqa: E402
+from studylib.errors import StudyError  # noqa: E402
+from studylib.scripts import config_hyp, open_script  # noqa: E402
+from studylib.scripts import load_script as load_study_script  # noqa: E402
+
+STAND_IN = os.path.join(REPO, 'tests', 'stand_in_script.py')
+stand_in = load_study_script(STAND_IN)
+QUICK = ['--dataset', 'folder', '--device', 'cpu', '--precision', 'fp32', '--no-warmup',
+         '--hyp', 'opt.batch_size=64']
+FIXTURE = os.path.join(REPO, 'tests', 'fixtures', 'study_759d4b4')  # made by study.py of 759d4b4
+
+
+def test_the_stand_in_study_gives_the_figures_of_its_curve(study_main, image_folder, tmp_path):
+    study_dir = tmp_path / 'study'
+    assert study_main([STAND_IN, '--runs', '5', '--study-dir', str(study_dir), '--save-logits',
+                       '--seed', '3', '--grid', 'opt.train_epochs=5,10', '--', *QUICK,
+                       '--hyp', 'curve.noise=0.03', '--data-dir', image_folder]) == 0
+    labels = stand_in.load_dataset('folder', image_folder)['test']['labels']
+    found = records(study_dir)
+    assert sorted(found) == [(f'train_epochs={e}', run) for e in (10, 5) for run in range(5)]
+    for (config, run), record in found.items():
+        epochs = float(config.partition('=')[2])
+        seeds = stand_in.source_seeds(3 + run)
+        curve = {**stand_in.hyp['curve'], 'noise': 0.03}  # in steps of 1/128: runs differ
+        expected = stand_in.accuracy_of(curve, epochs, seeds, len(labels))
+        assert record['seeds'] == seeds and record['accuracy'] == expected
+        outputs = torch.load(study_dir / 'runs' / config / f'{run:05d}.pt')
+        for key in ('logits', 'logits_plain'):  # the planned accuracy, exactly, in fp16
+            assert outputs[key].dtype == torch.float16 and outputs[key].shape == (len(labels), 4)
+            assert (outputs[key].argmax(1) == labels).float().mean().item() == expected
+        assert record['test_acc'] == expected
+    summary = study_summary(study_dir)
+    assert summary['runs_finished'] == 10
+    for epochs in (5, 10):
+        accuracies = [found[(f'train_epochs={epochs}', run)]['accuracy'] for run in range(5)]
+        entry = summary['configs'][f'train_epochs={epochs}']
+        assert entry['n'] == 5 and entry['mean'] == pytest.approx(sum(accuracies) / 5)
+    assert summary['configs']['train_epochs=10']['mean'] > summary['configs']['train_epochs=5'][
+        'mean'] + 0.01  # the curve: 0.04 + 0.2 / epochs of error
+
+
+ENGINE = {os.path.join(REPO, 'studylib', f'{name}.py') for name in (
+    'cli', 'config', 'files', 'scripts', 'plan', 'distribute', 'collect', 'records', 'runs',
+    'launch')}
+
+
+def engine_lines(main, argv):
+    """Lines of the engine's modules executed by a launch in this thread (a loop's every pass
+    counts), its report left out."""
+    count = [0]
+
+    def local(frame, event, arg):
+        count[0] += event == 'line'
+        return local
+
+    def calls(frame, event, arg):
+        return local if frame.f_code.co_filename in ENGINE else None
+
+    sys.settrace(calls)
+    try:
+        assert main(argv) == 0
+    finally:
+        sys.settrace(None)
+    return count[0]
+
+
+def test_the_engines_work_per_run_does_not_grow_with_the_runs(study_main, image_folder, tmp_path,
+                                                              monkeypatch):
+    monkeypatch.setattr(studylib.report, 'write_outputs', lambda *args, **kwargs: None)
+    lines = {runs: engine_lines(study_main, [
+        STAND_IN, '--runs', str(runs), '--study-dir', str(tmp_path / f'study{runs}'),
+        '--save-logits', '--', *QUICK, '--data-dir', image_folder]) for runs in (25, 50, 100)}
+    per_run = [(lines[50] - lines[25]) / 25, (lines[100] - lines[50]) / 50]
+    # linear: the same lines per run at any size (a pass over every run per run would double it)
+    assert per_run[1] == pytest.approx(per_run[0], rel=0.02), lines
+
+
+def test_a_config_is_one_type_from_the_command_line_to_study_json_and_back(
+        study_main, image_folder, tmp_path):
+    args = cli.parse_args([STAND_IN, '--runs', '1', '--study-dir', str(tmp_path / 'study'),
+                           '--config', 'fast', 'opt.train_epochs=2', '--grid', 'curve.noise=0,1'])
+    made = args.configs['fast,noise=0']
+    assert made == Config(name='fast,noise=0', script=STAND_IN, base='fast',
+                          overrides=['opt.train_epochs=2', 'curve.noise=0'],
+                          grid={'curve.noise': '0'})
+    assert study_main([STAND_IN, '--runs', '1', '--study-dir', str(tmp_path / 'study'),
+                       '--config', 'fast', 'opt.train_epochs=2', '--grid', 'curve.noise=0,1',
+                       '--', *QUICK, '--data-dir', image_folder]) == 0
+    stored = Study.read(str(tmp_path / 'study')).configs['fast,noise=0']
+    assert stored == Config(**{**vars(made), 'script_sha256': stored.script_sha256,
+                               'hyp': stored.hyp})
+    assert stored.hyp['opt']['train_epochs'] == 2 and stored.hyp['curve']['noise'] == 0
+    assert len(stored.script_sha256) == 64
+
+
+def test_a_study_made_by_the_study_py_of_before_opens_and_continues(study_main, image_folder,
+                                                                    tmp_path):
+    study_dir = tmp_path / 'study'
+    shutil.copytree(FIXTURE, study_dir)
+    saved = json.load(open(study_dir / 'study.json'))
+    assert Study.from_json(saved, 'study.json').to_json() == saved  # every field, as it was
+    configs = ['--config', 'a', '--config', 'b', 'opt.lr=5']
+    assert saved['commands'] == [['study.py', 'airbench94', '--runs', '2', '--study-dir', 'study',
+                                  '--target', '0.5', *configs, '--', *training(), '--data-dir',
+                                  'data']]
+    before = {key: json.dumps(record, sort_keys=True) for key, record in records(study_dir).items()}
+    # its airbench94 is that of its commit: give it today's code and hyp, the format kept
+    script = open_script('airbench94', [*training(), '--data-dir', image_folder])
+    for name, config in saved['configs'].items():
+        config['script_sha256'] = script.sha256
+        config['hyp'] = as_json(config_hyp(script.module, script.args, config['overrides']))
+    (study_dir / 'study.json').write_text(json.dumps(saved))
+    assert study_main(['airbench94', '--runs', '3', '--study-dir', str(study_dir), *configs, '--',
+                       *training(), '--data-dir', image_folder]) == 0
+    after = records(study_dir)
+    assert sorted(after) == [(config, run) for config in ('a', 'b') for run in range(3)]
+    assert {key: json.dumps(after[key], sort_keys=True) for key in before} == before
+    study = json.load(open(study_dir / 'study.json'))
+    assert study['runs'] == 3 and len(study['commands']) == 2 and len(study['launches']) == 2
+    assert study['target'] == 0.5  # kept by a launch without --target
+    assert study_summary(study_dir)['configs']['b']['n'] == 3
+
+
+def test_a_study_json_of_another_shape_is_refused_saying_how_to_continue(study_main, tmp_path,
+                                                                         image_folder, capsys):
+    study_dir = tmp_path / 'study'
+    study_dir.mkdir()
+    (study_dir / 'study.json').write_text(json.dumps({'configs': [['a', 'airbench94']]}))
+    assert study_main([STAND_IN, '--runs', '1', '--study-dir', str(study_dir), '--', *QUICK,
+                       '--data-dir', image_folder]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == (f'error: {study_dir}/study.json was not written by this study.py (no '
+                    'settings, configs and runs); continue it with the study.py that made it, or '
+                    'use another --study-dir')
+
+
+def method_only(source):
+    """A script's module docstring and method: the part above its banner."""
+    return source[:source.index('#' * 100)]
+
+
+def test_a_copy_that_defines_only_its_method_trains_as_the_script(study_main, image_folder,
+                                                                  tmp_path):
+    copy = tmp_path / 'mine.py'
+    copy.write_text(method_only(open(os.path.join(REPO, 'airbench94.py')).read()))
+    study_dir = tmp_path / 'study'
+    assert study_main(['airbench94', '--runs', '1', '--study-dir', str(study_dir), '--config',
+                       'script', '--config', 'copy', str(copy), '--', *training(),
+                       '--data-dir', image_folder]) == 0
+    found = records(study_dir)
+    for key in ('accuracy', 'epoch_train_losses', 'seeds', 'steps'):  # bitwise on the CPU
+        assert found[('copy', 0)][key] == found[('script', 0)][key]
+    assert found[('copy', 0)]['script'] == str(copy)
+
+
+@pytest.mark.parametrize('removed, missing', [
+    ('def infer(', 'infer'), ('def source_seeds(', 'source_seeds'),
+    ('"""', 'a module docstring (the first line of its --help)')])
+def test_a_copy_with_less_than_its_method_is_refused_naming_what_it_lacks(
+        removed, missing, study_main, image_folder, tmp_path, capsys):
+    source = method_only(open(STAND_IN).read() + '\n' + '#' * 100)
+    copy = tmp_path / 'less.py'
+    copy.write_text(source.replace(removed, '# ' + removed.replace('"', "'"), 1)
+                    if removed != '"""' else source[source.index('"""', 3) + 3:])
+    assert study_main([str(copy), '--runs', '1', '--study-dir', str(tmp_path / 'study'), '--',
+                       *QUICK, '--data-dir', image_folder]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f'error: {copy} lacks {missing}, which study.py needs: a copy defines '
+                           'its method (hyp, train, build_net, infer, CifarLoader, source_seeds, '
+                           'EVAL_BATCH_SIZE')
+    assert not (tmp_path / 'study').exists()
+
+
+def test_the_positional_script_in_no_config_is_the_baseline_and_said_so(
+        study_main, image_folder, tmp_path, capsys):
+    copy = tmp_path / 'copy.py'
+    copy.write_text(open(STAND_IN).read().replace("'noise': 0.0015", "'noise': 0.003"))
+    study_dir = tmp_path / 'study'
+    assert study_main([STAND_IN, '--runs', '2', '--study-dir', str(study_dir), '--config',
+                       'mine', str(copy), '--', *QUICK, '--data-dir', image_folder]) == 0
+    assert sorted(records(study_dir)) == [(c, r) for c in ('mine', 'stand_in_script')
+                                          for r in (0, 1)]
+    assert list(json.load(open(study_dir / 'study.json'))['configs']) == ['stand_in_script',
+                                                                         'mine']
+    assert (f'the script {STAND_IN} is in no --config: it is trained as the configuration '
+            'stand_in_script, the baseline of the comparisons') in capsys.readouterr().out.splitlines()
+    with pytest.raises(StudyError, match=r'the script airbench94 is in no --config \(each names '
+                       r'its own SCRIPT\): give it one, --config NAME first'):
+        cli.parse_args(['airbench94', '--runs', '1', '--study-dir', 'x', '--config', 'airbench94',
+                        str(copy)])
+
+
+def test_a_name_that_is_a_file_here_and_a_script_of_the_repository_is_refused(tmp_path,
+                                                                              monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / 'airbench94.py').write_text(open(os.path.join(REPO, 'airbench94.py')).read())
+    with pytest.raises(StudyError) as refused:
+        cli.parse_args(['airbench94.py', '--runs', '1', '--study-dir', 'x'])
+    assert str(refused.value) == (
+        f'airbench94.py is both a file here ({tmp_path}/airbench94.py) and a script of the '
+        f"repository ({REPO}/airbench94.py): give ./airbench94.py for the file here, or "
+        "airbench94 for the repository's")
+    with pytest.raises(StudyError, match='airbench94.py is both a file here'):
+        cli.parse_args(['airbench94', '--runs', '1', '--study-dir', 'x', '--config', 'a',
+                        '--config', 'b', 'airbench94.py'])
+    here = cli.parse_args(['./airbench94.py', '--runs', '1', '--study-dir', 'x'])
+    ours = cli.parse_args(['airbench94', '--runs', '1', '--study-dir', 'x'])
+    assert here.configs['baseline'].script == str(tmp_path / 'airbench94.py')
+    assert ours.configs['baseline'].script == 'airbench94'
+    monkeypatch.chdir(REPO)  # the repository's own file, named from its directory: no ambiguity
+    assert cli.parse_args(['airbench94.py', '--runs', '1', '--study-dir', 'x']).script == \
+        'airbench94'
+
+
+@pytest.mark.parametrize('flags, hint', [
+    (['--epochs', '5'], 'flags of the scripts go after --: study.py SCRIPT --runs N --study-dir '
+     'DIR -- --epochs 5'),
+    (['--no-warmup'], 'flags of the scripts go after --: study.py SCRIPT --runs N --study-dir '
+     'DIR -- --no-warmup'),
+    (['--epoch', '5', '--bogus'], "study.py's flags are in python study.py --help; the scripts' "
+     'go after --')])
+def test_a_script_flag_before_the_separator_says_where_it_goes(flags, hint, study_main,
+                                                               tmp_path, capsys):
+    assert study_main(['airbench94', '--runs', '1', '--study-dir', str(tmp_path / 'study'),
+                       *flags, '--', '--device', 'cpu']) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == f'error: unrecognized arguments: {" ".join(flags)} ({hint})'
+    assert not (tmp_path / 'study').exists()
+
+
+def failing_report(*args, **kwargs):
+    raise ValueError('an analysis failed\nwith a second line')
+
+
+def test_a_report_that_fails_leaves_the_outcome_and_closes_the_lock(
+        study_main, image_folder, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(studylib.report, 'write_outputs', failing_report)
+    study_dir = tmp_path / 'study'
+    argv = [STAND_IN, '--runs', '2', '--study-dir', str(study_dir), '--', *QUICK,
+            '--data-dir', image_folder]
+    assert study_main(argv) == 0  # the study is complete: its outcome
+    warning = (f'warning: the report of {study_dir} could not be written (ValueError: an analysis '
+               f'failed); the runs are kept: rebuild it with python study.py report {study_dir}')
+    assert capsys.readouterr().err.splitlines() == [warning]
+    assert len(records(study_dir)) == 2
+    with open(study_dir / 'study.lock', 'w') as lock:  # closed: another launch may take it
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+    train = stand_in.train
+
+    def interrupted(data, hyp, *args, **kwargs):
+        if len(records(study_dir)) == 3:
+            raise KeyboardInterrupt
+        return train(data, hyp, *args, **kwargs)
+    monkeypatch.setattr(stand_in, 'train', interrupted)
+    monkeypatch.setattr(studylib.scripts, 'load_script', lambda path: stand_in)
+    assert study_main([*argv[:2], '4', *argv[3:]]) == 130  # Ctrl-C's, not the report's
+    assert capsys.readouterr().err.splitlines() == [
+        warning, '', f'Stopped: 3 of 4 finished runs are in {study_dir}; the same command '
+        'continues the study.']
+    with open(study_dir / 'study.lock', 'w') as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
