@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import quick_train, tiny_dataset
+from conftest import CPU, load_script, quick_train, tiny_dataset, with_hyp
 
 N, BATCH = 2050, 100  # loader tests: 20 full batches and a partial one, dropped
 
@@ -259,3 +259,29 @@ def test_validation_checks_only_the_keys_a_scripts_hyp_has(ab94, monkeypatch):
         del bare[group][key]
     monkeypatch.setattr(ab94, 'hyp', bare)
     assert ab94.study_hyp(ab94.parse_args([])) == bare
+
+
+def test_airbench94_hiverges_switches_tta_fraction_and_jitter(monkeypatch):
+    """airbench94_hiverge has the paper's TTA and flip switches (refused values as above), and its
+    own: net.tta_fraction 0 is plain evaluation (each test image evaluated once), aug.brightness
+    and aug.contrast 0 turn the jitter off."""
+    hiverge = load_script('airbench94_hiverge')
+    for setting, message in (('net.tta_level=3', '--hyp net.tta_level takes 0, 1 or 2'),
+                             ('aug.flip=sideways', "--hyp aug.flip takes 'alternating', 'random'")):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            hiverge.study_hyp(hiverge.parse_args(['--hyp', setting]))
+    jitters = spy(monkeypatch, hiverge, 'batch_brightness_contrast')
+    net = hiverge.build_net({**hiverge.hyp['net'], 'widths': {'block1': 8, 'block2': 8,
+                                                              'block3': 8}}, 2, CPU, 'fp32')
+    evaluated = []  # images per forward pass in evaluation mode
+    net.register_forward_pre_hook(lambda m, inputs: None if m.training else evaluated.append(
+        len(inputs[0])))
+    for settings, jittered in (([], True), (['net.tta_fraction=0', 'aug.brightness=0',
+                                             'aug.contrast=0'], False)):
+        run_hyp = hiverge.study_hyp(hiverge.parse_args([a for s in settings for a in ('--hyp', s)]))
+        jitters.clear(), evaluated.clear()
+        hiverge.train(tiny_dataset(), with_hyp(run_hyp, opt__batch_size=32, opt__train_epochs=2),
+                      CPU, 'fp32', 0, net=net, epoch_eval=False)
+        assert len(jitters) == (2 if jittered else 0)  # once per epoch, or never
+        # 64 test images once, then the six views of the least confident 16, or nothing more
+        assert evaluated == ([64, 6 * 16] if jittered else [64])

@@ -1,5 +1,6 @@
 """Time one training step (forward, summed label-smoothed loss, backward, SGD step) of a script's
-network at the paper's batch size, eager and compiled, and optionally profile it.
+network at the paper's batch size, eager and compiled, and optionally profile it. For the Muon
+scripts every parameter is under SGD here: the modes compare the network's forward and backward.
 
 A benchmark, not a test: it prints seconds per step (median of --steps after --warmup steps) and,
 with --profile, the operators that take the time. Random inputs of the real shape; the whitening
@@ -35,10 +36,12 @@ def build(module, device, precision, batch_size):
     net = module.build_net(arch, 10, device, precision)
     torch.manual_seed(0)
     module.reinitialize(net)
-    optimizer = torch.optim.SGD(module.decoupled_sgd_groups(net, opt['lr'], opt['weight_decay'],
-                                                            opt['momentum'], batch_size,
-                                                            opt['bias_scaler']),
-                                momentum=opt['momentum'], nesterov=True)
+    if hasattr(module, 'decoupled_sgd_groups'):
+        params = module.decoupled_sgd_groups(net, opt['lr'], opt['weight_decay'], opt['momentum'],
+                                             batch_size, opt['bias_scaler'])
+    else:  # a Muon script: every parameter under SGD here (the modes compare the network's step)
+        params = [p for p in net.parameters() if p.requires_grad]
+    optimizer = torch.optim.SGD(params, lr=1e-4, momentum=opt['momentum'], nesterov=True)
     loss_fn = nn.CrossEntropyLoss(label_smoothing=opt['label_smoothing'], reduction='sum')
     dtype = torch.float16 if precision == 'fp16' else torch.float32
     inputs = torch.randn(batch_size, 3, 32, 32, device=device, dtype=dtype)
