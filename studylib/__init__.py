@@ -1,10 +1,16 @@
 """studylib: the engine and analyses behind study.py, one module per job.
 
-cli: the command line (configurations, grids, `report`). scripts: finding, checking and loading
-the scripts and their hyp. plan: what a study is (study.json), its directory and lock, the runs to
-train. distribute: the processes' shared key-value store, queue, heartbeats and rank 0's
-collector. runs: training one run, its record and outputs. launch: one launch from setup to
-report. stats: accuracies, tests, comparisons, times per device, and the analyses below over a
+The engine. cli: the command line (configurations, grids, `report`) into Configs. config: what a
+study is, Config and Study, from the command line to study.json and back. scripts: finding,
+loading (a copy with its method alone gets the shared part) and checking the scripts, their
+flags and hyp. files: the study directory's files (records, failed tries, outputs), which runs
+are finished, atomic writes. plan: DIR's lock, study.json checked and extended, the runs to train.
+distribute: the processes' shared key-value store, queue, leases and heartbeats. runs: training
+one run, its RunRecord and outputs. records: RunRecord and FailedTry, from the process that trains
+a run to its file. collect: rank 0 writing what the processes publish. launch: one launch from
+setup to report.
+
+The analyses. stats: accuracies, tests, comparisons, times per device, and the analyses below over a
 study's runs. fits: power-law fits of error against epochs, epochs to a target accuracy, effective
 speedups and their bootstrap intervals. variance: test-set and distribution-wise standard
 deviations between runs, and the class-aggregated calibration error of an ensemble of runs.
