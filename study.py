@@ -20,27 +20,38 @@ Seeds. Run i of every configuration, whatever its script, uses the same seeds of
 randomness (initialization, data order, augmentation: the positional script's source_seeds), so
 configurations compare pair by pair; --vary names the sources that change from run to run.
 
-The engine is the package studylib beside this file (cli, scripts, plan, distribute, runs, stats,
-fits, variance, report, load); this file is its command and its importable face:
+The engine is the package studylib beside this file; this file is its command and its importable
+face. The statistics work on plain arrays of per-run numbers (docs/studies.md, "The statistics"):
 
     import study
     runs, arrays = study.load_study('studies/flip')     # a pandas DataFrame, and saved logits
-    study.epochs_to_accuracy([10, 20, 40], [0.9310, 0.9374, 0.9401], 0.94)
-    study.effective_speedup([10, 20, 40, 80], [0.9310, 0.9374, 0.9401, 0.9412], 20, 0.9387)
+    study.compare(random_runs, alternating_runs, paired=True)   # difference, CI, p, effect size
+    study.target_test(accuracies, 0.94)                 # p-value of "mean <= 0.94"
+    study.runs_needed(std=0.0015, difference=0.0008)     # runs per configuration at 80% power
+    study.epochs_to_accuracy_interval({10: [...], 20: [...], 40: [...]}, 0.94)
+    study.effective_speedup_interval(baseline_runs_by_epochs, runs, 20)
+    study.calibration_error(predictions, labels)        # runs x examples class ids
 """
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from studylib.fits import effective_speedup, epochs_to_accuracy, fit_power_law  # noqa: E402
+from studylib.fits import (effective_speedup, effective_speedup_interval,  # noqa: E402
+                           epochs_to_accuracy, epochs_to_accuracy_interval, fit_power_law)
+from studylib.inference import (compare, describe, holm, runs_needed,  # noqa: E402
+                                statistical_power, target_test, time_ratio)
 from studylib.launch import main  # noqa: E402
 from studylib.load import load_study  # noqa: E402
 from studylib.report import write_outputs  # noqa: E402
-from studylib.stats import describe  # noqa: E402
+from studylib.variance import (EnsembleTally, calibration_error,  # noqa: E402
+                               distribution_wise_variance, test_set_std)
 
-__all__ = ['main', 'load_study', 'write_outputs', 'effective_speedup', 'epochs_to_accuracy',
-           'fit_power_law', 'describe']
+__all__ = ['main', 'load_study', 'write_outputs', 'compare', 'target_test', 'runs_needed',
+           'statistical_power', 'describe', 'holm', 'time_ratio', 'epochs_to_accuracy',
+           'epochs_to_accuracy_interval', 'effective_speedup', 'effective_speedup_interval',
+           'fit_power_law', 'calibration_error', 'EnsembleTally', 'distribution_wise_variance',
+           'test_set_std']
 
 if __name__ == '__main__':
     sys.exit(main())

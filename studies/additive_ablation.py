@@ -10,21 +10,21 @@ multi-crop TTA (net.tta_level 2; off = 1, mirror only) and alternating flip (aug
 random). The whitened baseline is airbench94 with all five off and whitening on; the paper's
 baseline also had its own tuned lr, momentum and schedule, which this study keeps at
 airbench94's. Each configuration is trained at every epoch count of --epochs, and its
-epochs-to-target comes from the power-law fit of its error against epochs (with a 95% bootstrap
-interval over runs).
+epochs-to-target is the engine's: the power-law fit of its error against epochs, with its 95%
+interval (summary.json's speedup analysis; an interval whose coverage was not measured in its
+conditions says why).
 
 Cost: 12 configurations at 8, 12, 16, 24 and 32 epochs (92 epochs in all) take 12 x 92 / 9.9 x
-3.83 s = 427 A100-seconds per run each; at n = 50 per point, enough to place epochs-to-94% within
-about half an epoch, 5.9 A100-hours; time is proportional to --runs and the sum of --epochs.
+3.83 s = 427 A100-seconds per run each; at n = 50 per point 5.9 A100-hours; time is proportional
+to --runs and the sum of --epochs. How many runs a given precision needs: run a few, then read
+each curve's interval in report.md (its width shrinks about as 1 / sqrt(runs)).
 """
 import sys
 
 import matplotlib
 import numpy as np
 
-from paper import parse, run, write_table
-from studylib.fits import bootstrap_epochs_to_accuracy
-from studylib.stats import RESAMPLES
+from paper import parse, run, shown, write_table
 
 FEATURES = {  # name: (the switch on, the switch off)
     'identity init': ('net.identity_init=True', 'net.identity_init=False'),
@@ -55,21 +55,15 @@ def configs(args):
     return flags
 
 
-def epochs_to_target(runs, base, target):
-    curve = {e: list(group['accuracy']) for e, group in
-             runs[runs['base'] == base].groupby('opt.train_epochs')}
-    if len(curve) < 3:
-        return None
-    try:
-        return bootstrap_epochs_to_accuracy(curve, target, resamples=RESAMPLES)
-    except ValueError:
-        return None
+def epochs_to_target(summary, base):
+    """The engine's epochs to the target of a configuration's curve, or None."""
+    speedup = summary['speedup']
+    curve = speedup.get('curves', {}).get(base, {}) if isinstance(speedup, dict) else {}
+    return curve.get('epochs_to_target')
 
 
-def shown(result):
-    if result is None:
-        return 'no fit'
-    return f'{result.estimate:.1f} [{result.low:.1f}, {result.high:.1f}]'
+def estimate(result):
+    return None if result is None else result.get('estimate')
 
 
 def main(argv):
@@ -77,19 +71,19 @@ def main(argv):
     found = run(args, configs(args))
     if found is None:
         return
-    runs = found[0]
-    full = epochs_to_target(runs, 'airbench94', args.target)
-    baseline = epochs_to_target(runs, 'whitened-baseline', args.target)
-    lines = [f'Epochs to {args.target:.0%} (95% bootstrap CI): airbench94 {shown(full)}, the '
+    summary = found[1]
+    full = epochs_to_target(summary, 'airbench94')
+    baseline = epochs_to_target(summary, 'whitened-baseline')
+    lines = [f'Epochs to {args.target:.0%} (95% CI): airbench94 {shown(full)}, the '
              f'whitened baseline {shown(baseline)}.', '',
              '| feature | epochs saved, added to the whitened baseline | epochs added, removed '
              'from airbench94 |', '|---|---|---|']
     bars = {}
     for feature in FEATURES:
-        added = epochs_to_target(runs, f'baseline-plus-{config_name(feature)}', args.target)
-        removed = epochs_to_target(runs, f'airbench94-minus-{config_name(feature)}', args.target)
-        saved = None if added is None or baseline is None else baseline.estimate - added.estimate
-        cost = None if removed is None or full is None else removed.estimate - full.estimate
+        added = epochs_to_target(summary, f'baseline-plus-{config_name(feature)}')
+        removed = epochs_to_target(summary, f'airbench94-minus-{config_name(feature)}')
+        saved = difference(estimate(baseline), estimate(added))
+        cost = difference(estimate(removed), estimate(full))
         bars[feature] = (saved, cost)
         lines.append(f"| {feature} | {'' if saved is None else f'{saved:.1f}'} (with it: "
                      f"{shown(added)}) | {'' if cost is None else f'{cost:.1f}'} (without it: "
@@ -97,6 +91,10 @@ def main(argv):
     plot(args.study_dir, bars)
     write_table(args, 'Training speedups accumulate additively', [
         *lines, '', '![additive](additive.png)'])
+
+
+def difference(first, second):
+    return None if first is None or second is None else first - second
 
 
 def plot(study_dir, bars):

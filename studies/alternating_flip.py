@@ -20,9 +20,9 @@ import sys
 
 import numpy as np
 
-from paper import parse, run, write_table
-from studylib.fits import bootstrap_effective_speedup, fit_power_law
-from studylib.stats import RESAMPLES
+from paper import parse, run, shown, write_table
+from studylib import analysis
+from studylib.load import read_study
 
 CUTOUT = {'no': 0, 'yes': 12}
 METRICS = {'No': 'val_acc', 'Yes': 'accuracy'}  # TTA: the plain accuracy, or the TTA accuracy
@@ -33,13 +33,20 @@ def options(parser):
     parser.add_argument('--epochs', default='10,20,40,80', help='the epoch counts (3 or more '
                         'for the speedups)')
     parser.add_argument('--cutout', default='no,yes', help='Cutout settings: no, yes or both')
-    parser.add_argument('--flips', default='none,random,alternating')
+    parser.add_argument('--flips', default='random,none,alternating', help='random first: the '
+                        "paper's baseline, that of the speedups here and in report.md")
+
+
+def flips(args):
+    """The flip options with random flip first (the baseline of every comparison and speedup)."""
+    given = args.flips.split(',')
+    return sorted(given, key=lambda flip: flip != 'random')
 
 
 def configs(args):
     flags = [args.script, '--grid', f'opt.train_epochs={args.epochs}']
     for cutout in args.cutout.split(','):
-        for flip in args.flips.split(','):
+        for flip in flips(args):
             flags += ['--config', f'cutout-{cutout}-{flip}', f'aug.flip={flip}',
                       f'aug.cutout={CUTOUT[cutout]}']
     return flags
@@ -55,7 +62,7 @@ def cell(runs, cutout, flip, epochs, metric):
 
 
 def raw_table(runs, args, epochs_list):
-    flips = args.flips.split(',')
+    flips = [flip for flip in ('none', 'random', 'alternating') if flip in args.flips.split(',')]
     lines = ['| Epochs | Cutout | TTA | ' + ' | '.join(f.capitalize() for f in flips) + ' |',
              '|---|---|---|' + '---|' * len(flips)]
     for cutout in args.cutout.split(','):
@@ -69,47 +76,43 @@ def raw_table(runs, args, epochs_list):
 
 
 def speedup_table(runs, args, epochs_list):
+    """Alternating over random flip, per Cutout setting, with TTA and without: the engine's
+    effective speedups (studylib.analysis.speedup_analysis) against random flip's curve."""
+    configs = read_study(args.study_dir)['configs']
+    baselines = {f'cutout-{cutout}-alternating': f'cutout-{cutout}-random'
+                 for cutout in args.cutout.split(',')}
+    found = {tta: analysis.speedup_analysis(runs, configs, None, metric, baselines)
+             for tta, metric in METRICS.items()}
     lines = ['| Cutout | Epochs | Speedup [95% CI] | Speedup (w/ TTA) [95% CI] |',
              '|---|---|---|---|']
     for cutout in args.cutout.split(','):
         for epochs in epochs_list:
-            shown = []
-            for metric in METRICS.values():
-                baseline = {e: cell(runs, cutout, 'random', e, metric) for e in epochs_list}
-                alternating = cell(runs, cutout, 'alternating', epochs, metric)
-                if not alternating or not all(baseline.values()):
-                    shown.append('')
-                    continue
-                try:
-                    speedup = bootstrap_effective_speedup(baseline, alternating, epochs,
-                                                          resamples=RESAMPLES)
-                except ValueError as error:  # random flip's errors admit no power law
-                    shown.append(f'no fit ({error})')
-                    continue
-                shown.append(f'{100 * speedup.estimate:.1f}% [{100 * speedup.low:.1f}, '
-                             f'{100 * speedup.high:.1f}]')
-            lines.append(f'| {cutout.capitalize()} | {epochs:g} | ' + ' | '.join(shown) + ' |')
-    return lines + misfit_notes(runs, args, epochs_list)
+            cells = [shown(speedup_of(found[tta], f'cutout-{cutout}-alternating', epochs),
+                           scale=100, unit='%') for tta in METRICS]
+            lines.append(f'| {cutout.capitalize()} | {epochs:g} | ' + ' | '.join(cells) + ' |')
+    return lines + misfit_notes(found)
 
 
-def misfit_notes(runs, args, epochs_list):
-    """A line for each random-flip curve whose power law stopped at a bound: the speedups
-    measured against it are not measurements."""
+def speedup_of(found, label, epochs):
+    curve = found.get('curves', {}).get(label, {})
+    return curve.get('speedup', {}).get(str(float(epochs))) if 'reason' not in found else found
+
+
+def misfit_notes(found):
+    """A line for each random-flip curve whose power law stopped at a bound (or fit none): the
+    speedups measured against it are not measurements."""
     notes = []
-    for cutout in args.cutout.split(','):
-        for tta, metric in METRICS.items():
-            means = [np.mean(cell(runs, cutout, 'random', e, metric)) for e in epochs_list]
-            try:
-                law = fit_power_law(epochs_list, [1 - m for m in means])
-            except ValueError:
+    for tta, section in found.items():
+        for label, curve in section.get('curves', {}).items():
+            if not label.endswith('-random'):
                 continue
-            if law.at_bounds:
-                miss = np.abs(1 - law.error_at(epochs_list) - np.array(means)).max()
-                notes += ['', f'Random flip, Cutout {cutout}, TTA {tta.lower()}: the power law '
-                          f'stopped at the bound of {", ".join(law.at_bounds)} and misses its '
-                          f'means by up to {100 * miss:.2f} points; no power law within the '
-                          'bounds describes the curve, so the speedups against it are not '
-                          'measurements (longer schedules: see the docstring).']
+            fit = curve.get('fit')
+            if fit is None or fit['at_bounds']:
+                why = curve.get('fit_reason') or f"the fit stopped at the bound of " \
+                    f"{', '.join(fit['at_bounds'])}"
+                notes += ['', f'Random flip, {label}, TTA {tta.lower()}: {why}; no power law '
+                          'within the bounds describes the curve, so the speedups against it are '
+                          'not measurements (longer schedules: see the docstring).']
     return notes
 
 
@@ -123,7 +126,7 @@ def main(argv):
     lines = [f'{args.script}: mean accuracy in percent', '', *raw_table(runs, args, epochs_list)]
     if {'random', 'alternating'} <= set(args.flips.split(',')) and len(epochs_list) >= 3:
         lines += ['', 'Effective speedup of alternating over random flip (power law fitted to '
-                  "random flip's mean errors; 95% bootstrap intervals over runs)", '',
+                  "random flip's mean errors; 95% intervals of studylib.fits)", '',
                   *speedup_table(runs, args, epochs_list)]
     write_table(args, 'Alternating flip against random flip', lines)
 

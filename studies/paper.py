@@ -4,6 +4,7 @@ device, or under torchrun on every GPU), and writing the paper-shaped table from
 Each experiment file gives its configurations (as study.py's --config and --grid flags) and a
 function that turns the study's runs (study.load_study's table) into the table of the paper."""
 import argparse
+import json
 import os
 import sys
 
@@ -32,7 +33,8 @@ def parse(description, default_runs, argv, add_options=None):
 
 def run(args, study_flags):
     """Train the study's missing runs (the same command continues it), then, on rank 0, return
-    its runs as a table; None on the other processes, and on failure (study.py said why)."""
+    its runs as a table and its summary (summary.json's numbers; with --table-only rebuilt from
+    the records); None on the other processes, and on failure (study.py said why)."""
     if not args.table_only:
         status = study.main(['--runs', str(args.runs), '--study-dir', args.study_dir,
                              *study_flags, '--', *args.script_flags])
@@ -40,10 +42,14 @@ def run(args, study_flags):
             sys.exit(status)
     if os.environ.get('RANK', '0') != '0':
         return None
-    runs, arrays = study.load_study(args.study_dir)
+    runs, _ = study.load_study(args.study_dir, outputs=False)
     if not len(runs):
         sys.exit(f'error: {args.study_dir} holds no finished runs yet')
-    return runs, arrays
+    summary_path = os.path.join(args.study_dir, 'summary.json')
+    if args.table_only or not os.path.exists(summary_path):
+        return runs, study.write_outputs(args.study_dir)
+    with open(summary_path) as f:
+        return runs, json.load(f)
 
 
 def write_table(args, title, lines):
@@ -57,7 +63,21 @@ def write_table(args, title, lines):
 def mean_and_interval(values, digits=2):
     """'93.40% ± 0.05 (n 10)': the mean in percent with the half-width of its 95% CI."""
     entry = study.describe(list(values))
-    if entry['ci95'] is None:
+    if entry['ci_low'] is None:
         return f"{100 * entry['mean']:.{digits}f}% (n {entry['n']})"
-    half = 100 * (entry['ci95'][1] - entry['ci95'][0]) / 2
+    half = 100 * (entry['ci_high'] - entry['ci_low']) / 2
     return f"{100 * entry['mean']:.{digits}f}% ± {half:.{digits}f} (n {entry['n']})"
+
+
+def shown(result, digits=1, scale=1.0, unit=''):
+    """An interval result of study's (epochs to a target, a speedup) as 'estimate [low, high]',
+    'open' for an open bound, and the reason appended where the interval's coverage was not
+    measured in its conditions ('no fit (reason)' where there is no estimate)."""
+    if result is None or 'estimate' not in result:
+        return 'no fit' + (f" ({result['reason']})" if result and result.get('reason') else '')
+    if result['estimate'] is None:
+        return f"no fit ({result['reason']})"
+    values = [None if v is None else f'{scale * v:.{digits}f}{unit}'
+              for v in (result['estimate'], result['ci_low'], result['ci_high'])]
+    text = f"{values[0]} [{values[1] or 'open'}, {values[2] or 'open'}]"
+    return text if result['reliable'] else f"{text} (unreliable: {result['reason']})"

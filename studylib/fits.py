@@ -1,5 +1,5 @@
 """Power-law fits of test error against training epochs, and the quantities the paper derives from
-them: epochs to a target accuracy, effective speedups, and their bootstrap intervals over runs.
+them: epochs to a target accuracy and effective speedups, each with a confidence interval.
 
 Units: accuracies and errors are fractions (0.94 and 0.06, not 94 and 6); epochs are epoch counts.
 The law is the paper's (airbench paper, section "Alternating flip" experiments):
@@ -9,17 +9,32 @@ The law is the paper's (airbench paper, section "Alternating flip" experiments):
 c is the asymptote: an error at or below c is never reached. The least-squares fit is unweighted,
 so it is equivariant under a change of units of the errors (percent instead of fractions multiplies
 b and c by 100 and leaves a and every epoch count derived from the fit unchanged).
+
+The intervals (epochs_to_accuracy_interval, effective_speedup_interval) propagate each cell's
+sampling distribution through the fit by Monte Carlo: every cell (an epoch count of a curve, or
+the compared configuration) draws its true mean from mean + s / sqrt(n) * T, T a Student t with
+n - 1 degrees of freedom (the distribution JCGM 101:2008, section 6.4.9, assigns to a quantity
+known from n repeated indications), the fit is redone on every draw, and the interval is the
+draws' central quantiles. A single cell gives the exact Student-t interval of a monotone function
+of its mean; the t tails carry the uncertainty of s at small n, which a bootstrap of the runs
+misses (its resampled means spread as sqrt((n - 1) / n) * s / sqrt(n), with normal tails, and its
+intervals covered 81% at n = 5 where 95% was asked). Coverage measured by simulation:
+tools/coverage.py, docs/studies.md.
 """
 import functools
 import math
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import stats
 from scipy.optimize import least_squares
 
 MIN_EPOCH_COUNTS = 3  # the law has three parameters
 STEEPEST_DECAY = -10.0  # lower bound on the exponent a
+FLAT = 1e-6  # a law whose error falls by less than this fraction of the largest error, over the
+#              epochs fitted, does not fall
+DRAWS = 4000  # Monte Carlo draws of an interval
+MIN_RUNS_RELIABLE = 3  # the fewest runs per cell at which the intervals' coverage was measured
 
 
 @dataclass(frozen=True)
@@ -38,9 +53,7 @@ class PowerLaw:
     def epochs_for_error(self, error):
         """The inverse, epochs = ((error - c) / b) ** (1 / a); math.inf where error <= c, which
         the law never reaches."""
-        if error <= self.c:
-            return math.inf
-        return float(((error - self.c) / self.b) ** (1 / self.a))
+        return float(_epochs_for_errors(self.a, self.b, self.c, error))
 
 
 def fit_power_law(epochs, errors):
@@ -54,17 +67,17 @@ def fit_power_law(epochs, errors):
     training, fit no law with c >= 0, and the best one at c = 0 misses the points.
 
     Raises ValueError for fewer than 3 distinct epoch counts, non-positive epochs, non-finite
-    values, errors all 0, errors that do not fall with epochs (the fit ends at a = 0 or b = 0) and
-    a fit that does not converge.
+    values, errors all 0, errors that do not fall with epochs (the fitted law falls by less than
+    FLAT of the largest error over the epochs fitted) and a fit that does not converge.
     """
     x, y = _points(epochs, errors)
     return _fit(tuple(x), tuple(y))
 
 
-@functools.lru_cache(maxsize=65536)
+@functools.lru_cache(maxsize=4096)
 def _fit(x, y):
-    """fit_power_law's least squares, remembered: a bootstrap refits the same resampled baseline
-    for every configuration and epoch count it compares with it."""
+    """fit_power_law's least squares, remembered: a report fits the same baseline for every
+    configuration and epoch count it compares with it."""
     x, y = np.array(x), np.array(y)
     reference = math.exp(np.mean(np.log(x)))
     scaled = x / reference
@@ -85,7 +98,8 @@ def _fit(x, y):
     a, scale, c = result.x
     if result.status <= 0:
         raise ValueError(f'the power-law fit did not converge: {result.message}')
-    if a > -1e-9 or scale <= 1e-12 * max(y.max(), 1e-300):
+    fall = scale * (scaled.min() ** a - scaled.max() ** a)
+    if a > -1e-9 or not fall > FLAT * y.max():
         raise ValueError('the errors do not fall with epochs: no decreasing power law '
                          f'c + b * epochs**a fits them (fit ended at a={a:.3g}, b={scale:.3g})')
     at_bounds = tuple(name for name, active in zip('abc', result.active_mask) if active)
@@ -120,6 +134,63 @@ def _initial_guess(scaled, y):
     return [float(np.clip(slope, STEEPEST_DECAY + 1e-3, -1e-3)), float(np.exp(intercept)), c]
 
 
+def fit_power_laws(epochs, errors):
+    """fit_power_law on every row of errors (rows x epoch counts) at once: arrays a, b, c, and
+    `falls` (False where fit_power_law would raise because the errors do not fall; a, b and c are
+    nan there). For the Monte Carlo intervals, thousands of fits at a time.
+
+    For a fixed exponent the law is linear in b and c, so the least squares over (b, c) within
+    their bounds has a closed form; the exponent is found on a grid over [-10, 0] and refined by
+    golden-section search around the grid's best point (agreeing with fit_power_law to about
+    1e-8 in every derived epoch count: tested).
+    """
+    x = np.asarray(epochs, dtype=float).ravel()
+    y = np.atleast_2d(np.asarray(errors, dtype=float))
+    log_scaled = np.log(x / math.exp(np.mean(np.log(x))))
+    grid = np.concatenate([-np.geomspace(-STEEPEST_DECAY, 1e-4, 120), [0.0]])
+    best = _least_squares(np.exp(grid[:, None] * log_scaled[None, :]), y)[0].argmin(axis=1)
+    low, high = grid[np.maximum(best - 1, 0)], grid[np.minimum(best + 1, grid.size - 1)]
+    a = _golden_section(lambda a: _least_squares(np.exp(a[:, None] * log_scaled), y,
+                                                 per_row=True)[0], low, high)
+    _, scale, c = _least_squares(np.exp(a[:, None] * log_scaled), y, per_row=True)
+    fall = scale * (np.exp(a * log_scaled.min()) - np.exp(a * log_scaled.max()))
+    falls = (a < -1e-9) & (fall > FLAT * y.max(axis=1))
+    b = scale * np.exp(-a * np.mean(np.log(x)))
+    return tuple(np.where(falls, value, np.nan) for value in (a, b, c)) + (falls,)
+
+
+def _least_squares(power, y, per_row=False):
+    """The least squares of c + b * power against y with b >= 0 and 0 <= c <= max(row of y):
+    (sum of squared residuals, b, c). power: exponents x points, every row of y against every
+    exponent (rows x exponents out), or, per_row, one exponent per row of y (rows out)."""
+    n, top = y.shape[1], y.max(axis=1, keepdims=not per_row)
+    sy, syy = y.sum(1, keepdims=not per_row), (y * y).sum(1, keepdims=not per_row)
+    sp, spp = power.sum(1), (power * power).sum(1)
+    spy = (power * y).sum(1) if per_row else y @ power.T
+    with np.errstate(divide='ignore', invalid='ignore'):
+        b = (n * spy - sp * sy) / (n * spp - sp * sp)
+        c = (sy - b * sp) / n
+    below, above = ~(c >= 0), c > top  # c outside its bounds: at the bound, b refitted
+    b = np.where(below, spy / spp, np.where(above, (spy - top * sp) / spp, b))
+    c = np.where(below, 0.0, np.where(above, top, c))
+    flat = ~(b >= 0)  # no decrease: the best law is the constant
+    b, c = np.where(flat, 0.0, b), np.where(flat, np.clip(sy / n, 0, top), c)
+    if per_row:  # the residuals themselves: the golden section needs the sum's last digits
+        residuals = c[:, None] + b[:, None] * power - y
+        return (residuals * residuals).sum(1), b, c
+    return syy - 2 * c * sy - 2 * b * spy + n * c * c + 2 * b * c * sp + b * b * spp, b, c
+
+
+def _golden_section(function, low, high, iterations=40):
+    """The minimum of a unimodal function on [low, high], elementwise (arrays of intervals)."""
+    ratio = (math.sqrt(5) - 1) / 2
+    for _ in range(iterations):
+        left, right = high - ratio * (high - low), low + ratio * (high - low)
+        keep_left = function(left) < function(right)
+        low, high = np.where(keep_left, low, left), np.where(keep_left, right, high)
+    return (low + high) / 2
+
+
 def mean_accuracies(accuracies):
     """One mean accuracy per entry: each entry is a mean (a number) or one accuracy per run (a
     sequence, averaged here). Fractions: values above 1 (percentages) raise ValueError."""
@@ -130,7 +201,10 @@ def mean_accuracies(accuracies):
 
 def _check_fractions(values, name):
     values = np.asarray(values, dtype=float)
-    if not np.isfinite(values).all() or (values < 0).any() or (values > 1).any():
+    if not np.isfinite(values).all():
+        raise ValueError(f'{name} hold a value that is not finite (nan or inf): leave diverged '
+                         'runs out, and count them')
+    if (values < 0).any() or (values > 1).any():
         raise ValueError(f'{name} are fractions in [0, 1] (0.94, not 94): got '
                          f'{values.min():g} to {values.max():g}')
 
@@ -142,7 +216,7 @@ def epochs_to_accuracy(epochs_list, accuracies, target):
     epoch count, the mean accuracy or the per-run accuracies (averaged). target: a fraction.
     Returns ((1 - target - c) / b) ** (1 / a), or math.inf when 1 - target <= c (the fitted
     asymptote: the target is never reached). The result may lie outside the measured epochs
-    (an extrapolation).
+    (an extrapolation). Raises ValueError where no law fits (fit_power_law says why).
     """
     _check_fractions(target, 'target accuracies')
     law = fit_power_law(epochs_list, 1 - mean_accuracies(accuracies))
@@ -156,102 +230,150 @@ def effective_speedup(baseline_epochs, baseline_accuracies, epochs, accuracy):
     invert it at the configuration's error 1 - accuracy (its mean if per-run accuracies are given)
     to get the baseline's equivalent epochs, and return equivalent_epochs / epochs - 1. math.inf
     when the configuration's error is below the baseline's asymptote; negative when the
-    configuration is worse than the baseline.
+    configuration is worse than the baseline. Raises ValueError where the baseline's errors fit
+    no law (a baseline that does not learn has no speedup over it).
     """
     equivalent = epochs_to_accuracy(baseline_epochs, baseline_accuracies,
                                     float(np.mean(accuracy)))
     return equivalent / epochs - 1
 
 
-@dataclass(frozen=True)
-class BootstrapInterval:
-    """A percentile bootstrap interval and the accounting of the resamples behind it.
+def _epochs_for_errors(a, b, c, error):
+    """The laws' inverse at `error`, elementwise: inf where error <= c (never reached, or beyond
+    the largest float), nan where a law is nan (its fit failed)."""
+    a, b, c, error = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (a, b, c, error)))
+    with np.errstate(all='ignore'):
+        epochs = np.exp(np.log((error - c) / b) / a)
+    return np.where(np.isnan(a), np.nan, np.where(error > c, epochs, np.inf))
 
-    failed: resamples whose statistic raised ValueError (the fit was impossible); they are left out
-    of the percentiles. unreachable: resamples whose statistic was +inf (a target beyond the
-    fitted asymptote); they are kept, so that high is math.inf (an open interval) once more than
-    (1 - confidence) / 2 of the resamples are unreachable.
+
+def epochs_to_accuracy_interval(runs_by_epochs, target, confidence=0.95, draws=DRAWS, seed=0):
+    """epochs_to_accuracy with its confidence interval, from per-run accuracies.
+
+    runs_by_epochs: {epoch count: per-run accuracies (fractions)}, 3 or more epoch counts.
+    Returns a dict: estimate (epochs; None where undefined or never reached), ci_low, ci_high
+    (None where the interval is open above: in more than (1 - confidence) / 2 of the draws the
+    target lies beyond the asymptote), reliable (whether the interval's coverage was measured in these conditions) and
+    reason (why not, or why undefined; None when reliable), extrapolated (the estimate outside
+    the measured epochs), and the draws' accounting. Never raises for data that admit no answer.
     """
-    estimate: float
-    low: float
-    high: float
-    confidence: float
-    resamples: int
-    failed: int
-    unreachable: int
-
-    @property
-    def failed_fraction(self):
-        return self.failed / self.resamples
-
-    @property
-    def unreachable_fraction(self):
-        return self.unreachable / self.resamples
-
-
-def bootstrap_interval(runs_by_cell, statistic, resamples=2000, confidence=0.95, seed=0):
-    """Percentile bootstrap interval of a statistic of cell means, resampling runs within cells.
-
-    runs_by_cell: {cell: per-run values (accuracies as fractions)}, a cell being e.g. one
-    (configuration, epoch count). statistic: maps {cell: mean} to a number (may be math.inf; may
-    raise ValueError when its fit is impossible). Each resample draws, independently per cell,
-    as many runs as the cell has, with replacement (numpy Generator seeded with `seed`), and
-    recomputes every mean and the statistic. The interval is the lower (1 - confidence) / 2 and
-    upper (1 + confidence) / 2 order statistics of the resampled values (numpy's 'lower' and
-    'higher' quantiles: no interpolation, so +inf is kept rather than turned into nan).
-
-    scipy.stats.bootstrap resamples several samples independently too, but its BCa default needs a
-    jackknife over every run (one more power-law fit per run), and its intervals come back nan
-    when a resample fails; failed and infinite resamples must be counted and reported instead.
-    A RuntimeWarning names the failed resamples; ValueError if all fail or a cell is empty.
-    """
-    cells = {cell: np.asarray(values, dtype=float).ravel() for cell, values in runs_by_cell.items()}
-    empty = [cell for cell, values in cells.items() if values.size == 0]
-    if empty:
-        raise ValueError(f'cells without runs: {empty}')
-    estimate = float(statistic({cell: values.mean() for cell, values in cells.items()}))
-    rng = np.random.default_rng(seed)
-    resampled_means = {cell: values[rng.integers(0, values.size, (resamples, values.size))]
-                       .mean(axis=1) for cell, values in cells.items()}
-    values, failed = [], 0
-    for index in range(resamples):
-        try:
-            values.append(float(statistic({cell: means[index]
-                                           for cell, means in resampled_means.items()})))
-        except ValueError:
-            failed += 1
-    if not values:
-        raise ValueError(f'all {resamples} bootstrap resamples failed')
-    if failed:
-        warnings.warn(f'{failed} of {resamples} bootstrap resamples could not be fit; they are '
-                      'left out of the interval', RuntimeWarning, stacklevel=2)
-    values = np.array(values)
-    tail = (1 - confidence) / 2
-    return BootstrapInterval(estimate=estimate,
-                             low=float(np.quantile(values, tail, method='lower')),
-                             high=float(np.quantile(values, 1 - tail, method='higher')),
-                             confidence=confidence, resamples=resamples, failed=failed,
-                             unreachable=int(np.isposinf(values).sum()))
-
-
-def bootstrap_epochs_to_accuracy(runs_by_epochs, target, **options):
-    """Bootstrap interval of epochs_to_accuracy. runs_by_epochs: {epoch count: per-run
-    accuracies}; options: those of bootstrap_interval."""
     epochs = sorted(runs_by_epochs)
-    return bootstrap_interval(
-        runs_by_epochs,
-        lambda means: epochs_to_accuracy(epochs, [means[e] for e in epochs], target), **options)
+    cells = [np.asarray(runs_by_epochs[e], dtype=float).ravel() for e in epochs]
+    error = 1 - float(target)
+
+    def statistic(means):
+        a, b, c, _ = fit_power_laws(epochs, 1 - means)
+        return _epochs_for_errors(a, b, c, error)
+
+    result = _monte_carlo_interval(
+        cells, statistic, lambda: epochs_to_accuracy(epochs, [cell.mean() for cell in cells],
+                                                     target), confidence, draws, seed)
+    return _with_curve_checks(result, epochs, cells, result['estimate'],
+                              'the target is reached')
 
 
-def bootstrap_effective_speedup(baseline_runs_by_epochs, runs, epochs, **options):
-    """Bootstrap interval of effective_speedup: the baseline's runs per epoch count
-    ({epoch count: per-run accuracies}) and the compared configuration's runs at `epochs` are
-    resampled independently. options: those of bootstrap_interval."""
+def effective_speedup_interval(baseline_runs_by_epochs, runs, epochs, confidence=0.95,
+                               draws=DRAWS, seed=0):
+    """effective_speedup with its confidence interval, from per-run accuracies.
+
+    baseline_runs_by_epochs: {epoch count: the baseline's per-run accuracies}, 3 or more epoch
+    counts; runs: the compared configuration's accuracies at `epochs`. The baseline's cells and
+    the compared cell are drawn independently. Returns a dict as epochs_to_accuracy_interval's
+    (estimate a fraction, 0.25 = 25% faster), with equivalent_epochs: the baseline's epochs for
+    the compared configuration's error, whose place in the baseline's grid decides
+    `extrapolated`.
+    """
     baseline_epochs = sorted(baseline_runs_by_epochs)
-    cells = {('baseline', e): baseline_runs_by_epochs[e] for e in baseline_epochs}
-    cells[('compared', epochs)] = runs
+    cells = [np.asarray(baseline_runs_by_epochs[e], dtype=float).ravel()
+             for e in baseline_epochs] + [np.asarray(runs, dtype=float).ravel()]
 
-    def speedup(means):
-        return effective_speedup(baseline_epochs, [means[('baseline', e)] for e in baseline_epochs],
-                                 epochs, means[('compared', epochs)])
-    return bootstrap_interval(cells, speedup, **options)
+    def statistic(means):
+        a, b, c, _ = fit_power_laws(baseline_epochs, 1 - means[:, :-1])
+        return _epochs_for_errors(a, b, c, 1 - means[:, -1]) / epochs - 1
+
+    result = _monte_carlo_interval(
+        cells, statistic, lambda: effective_speedup(
+            baseline_epochs, [cell.mean() for cell in cells[:-1]], epochs, cells[-1].mean()),
+        confidence, draws, seed)
+    equivalent = None if result['estimate'] is None else (1 + result['estimate']) * epochs
+    result['equivalent_epochs'] = equivalent
+    return _with_curve_checks(result, baseline_epochs, cells[:-1], equivalent,
+                              "the compared configuration's error is reached by the baseline")
+
+
+def _monte_carlo_interval(cells, statistic, point_estimate, confidence, draws, seed):
+    """The interval of a statistic of cell means, each cell's true mean drawn from
+    mean + s / sqrt(n) * t(n - 1) (the module's docstring): a dict of the estimate, the interval
+    and the reasons it is not reliable."""
+    if not 0 < confidence < 1:
+        raise ValueError(f'confidence is a fraction in (0, 1), not {confidence}')
+    for cell in cells:
+        if cell.size == 0:
+            raise ValueError('every epoch count (and the compared configuration) needs runs')
+        _check_fractions(cell, 'accuracies')
+    result = dict(estimate=None, ci_low=None, ci_high=None, reliable=False, reason=None,
+                  confidence=confidence, method='Monte Carlo, Student-t cell means',
+                  draws=draws, failed_draws=None, unreachable_draws=None,
+                  fewest_runs=int(min(cell.size for cell in cells)), extrapolated=None)
+    reasons = []
+    try:
+        estimate = point_estimate()
+    except ValueError as error:
+        result['reason'] = f'undefined: {error}'
+        return result
+    if math.isinf(estimate):
+        reasons.append('never reached: the target lies beyond the fitted asymptote')
+    else:
+        result['estimate'] = float(estimate)
+    if result['fewest_runs'] < 2:
+        result['reason'] = '; '.join([*reasons, 'no interval: a cell has a single run, '
+                                      'so its spread is unknown'])
+        return result
+    if result['fewest_runs'] < MIN_RUNS_RELIABLE:
+        reasons.append(f"{result['fewest_runs']} runs in a cell: coverage was measured from "
+                       f'{MIN_RUNS_RELIABLE} runs per cell')
+    rng = np.random.default_rng(seed)
+    means = np.stack([cell.mean() + cell.std(ddof=1) / math.sqrt(cell.size)
+                      * rng.standard_t(cell.size - 1, draws) for cell in cells], axis=1)
+    values = statistic(means)
+    failed, unreachable = int(np.isnan(values).sum()), int(np.isposinf(values).sum())
+    result.update(failed_draws=failed, unreachable_draws=unreachable)
+    tail = (1 - confidence) / 2
+    if failed > tail * draws:
+        reasons.append(f'in {failed / draws:.0%} of the draws the errors fit no falling law')
+    kept = np.sort(values[~np.isnan(values)])
+    if kept.size:
+        low = kept[min(int(math.floor(tail * kept.size)), kept.size - 1)]
+        high = kept[min(int(math.ceil((1 - tail) * kept.size)) - 1, kept.size - 1)]
+        result['ci_low'] = float(low) if math.isfinite(low) else None
+        result['ci_high'] = float(high) if math.isfinite(high) else None  # open: [low, inf)
+    result.update(reliable=not reasons, reason='; '.join(reasons) or None)
+    return result
+
+
+def _with_curve_checks(result, epochs, cells, epochs_found, what):
+    """Add to a result the conditions under which its coverage was not measured: a curve whose
+    last epoch count is not measurably more accurate than its first (one-sided Welch t-test at
+    5%), a fit stopped at a bound, an answer outside the measured epochs."""
+    reasons = [result['reason']] if result['reason'] else []
+    if result['estimate'] is None and not result['reliable'] and result['ci_low'] is None:
+        return result
+    first, last = cells[0], cells[-1]
+    if first.size > 1 and last.size > 1:
+        fall = stats.ttest_ind(last, first, equal_var=False, alternative='greater')
+        if not fall.pvalue < 0.05:
+            reasons.append(f'the curve does not fall measurably: accuracy at {epochs[-1]:g} '
+                           f'epochs is not above that at {epochs[0]:g} (Welch p = '
+                           f'{fall.pvalue:.2g})')
+    law = fit_power_law(epochs, [1 - cell.mean() for cell in cells])
+    if law.at_bounds:
+        miss = np.abs(law.error_at(epochs) - np.array([1 - cell.mean() for cell in cells])).max()
+        reasons.append(f"the fit stopped at the bound of {', '.join(law.at_bounds)} and misses "
+                       f'the means by up to {100 * miss:.2f} points')
+    if epochs_found is not None:
+        result['extrapolated'] = not epochs[0] <= epochs_found <= epochs[-1]
+        if result['extrapolated']:
+            reasons.append(f'an extrapolation: {what} at {epochs_found:.3g} epochs, outside the '
+                           f'measured {epochs[0]:g} to {epochs[-1]:g}')
+    result.update(reliable=not reasons, reason='; '.join(reasons) or None)
+    return result

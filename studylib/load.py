@@ -1,15 +1,20 @@
-"""A study's records as a pandas table, one row per run, and its saved outputs as arrays."""
+"""A study's records as a pandas table, one row per run; its saved outputs read one run at a time
+(never all at once: 10,000 runs of fp16 logits are about 4 GB); and the ensemble tallies of the
+variance and calibration analyses, kept beside the study and extended by the runs added since."""
 import glob
 import os
+from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
 import torch
 
 from .errors import StudyError
-from .plan import read_json
+from .files import outputs_path, read_json
+from .variance import EnsembleTally
 
 OUTPUT_KEYS = ('logits', 'logits_plain', 'train_mask')
+TALLY_KEYS = {'tta': 'logits', 'no_tta': 'logits_plain'}
 
 
 def read_study(study_dir):
@@ -64,25 +69,43 @@ def failed_runs(study_dir, study):
     return failed
 
 
-def load_outputs(study_dir, records):
-    """{key: {(config, run): array}} of the saved outputs (.pt beside a record)."""
-    outputs = {key: {} for key in OUTPUT_KEYS}
-    for record in records:
-        path = os.path.join(study_dir, 'runs', record['config'], f"{record['run']:05d}.pt")
-        if os.path.exists(path):
-            saved = torch.load(path, weights_only=True)
-            for key, value in saved.items():
-                outputs[key][(record['config'], record['run'])] = value.float().numpy() \
-                    if value.is_floating_point() else value.numpy()
-    return outputs
+def read_outputs(study_dir, config, run):
+    """A run's saved outputs as numpy arrays ({'logits': fp16 (test images, classes), ...}), or {}
+    when it saved none."""
+    path = outputs_path(study_dir, config, run)
+    if not os.path.exists(path):
+        return {}
+    return {key: value.numpy() for key, value in torch.load(path, weights_only=True).items()}
+
+
+class SavedOutputs(Mapping):
+    """{(config, run): array} of one kind of saved output (logits, logits_plain, train_mask), read
+    from its file when looked up, in the dtype it was saved in (fp16 logits): a study's outputs
+    are never all in memory. runs: the runs that saved this kind (their settings say so)."""
+
+    def __init__(self, study_dir, key, runs):
+        self.study_dir, self.key, self.runs = study_dir, key, list(runs)
+        self.index = set(self.runs)
+
+    def __getitem__(self, run):
+        if run not in self.index:
+            raise KeyError(run)
+        return read_outputs(self.study_dir, *run)[self.key]
+
+    def __iter__(self):
+        return iter(self.runs)
+
+    def __len__(self):
+        return len(self.runs)
 
 
 def load_study(study_dir, outputs=True):
     """(runs, arrays): runs is a pandas DataFrame, one row per finished run (configuration, script
     and its SHA-256, every hyp key as a column such as 'opt.lr', the grid point, seeds, accuracies,
-    time, steps, device model, host, launch ...); arrays holds the saved outputs, {'logits':
-    {(config, run): fp32 array (test images, classes)}, 'logits_plain': ..., 'train_mask': ...},
-    and 'test_labels' (an int array, when logits were saved)."""
+    time, steps, device model, host, launch ...); arrays maps each kind of saved output to a
+    SavedOutputs ({(config, run): array} read on lookup: 'logits' and 'logits_plain' fp16 (test
+    images, classes), 'train_mask') and holds 'test_labels' (an int array, when logits were
+    saved)."""
     study = read_study(study_dir)
     records = load_records(study_dir, study)
     rows = [record_row(record, study['configs'][record['config']]) for record in records]
@@ -91,8 +114,68 @@ def load_study(study_dir, outputs=True):
         runs = runs.sort_values(['config', 'run'], key=lambda column: column.map(
             list(study['configs']).index) if column.name == 'config' else column,
             ignore_index=True)
-    arrays = load_outputs(study_dir, records) if outputs else {}
-    labels_path = os.path.join(study_dir, 'test_labels.json')
-    if outputs and os.path.exists(labels_path):
-        arrays['test_labels'] = np.array(read_json(labels_path, 'rerun a launch to rewrite it'))
+    arrays = {}
+    if outputs:
+        settings = study['settings']
+        saved = {'logits': settings.get('save_logits'), 'logits_plain': settings.get('save_logits'),
+                 'train_mask': settings.get('train_subset') is not None}
+        finished = [(record['config'], record['run']) for record in records]
+        arrays = {key: SavedOutputs(study_dir, key, finished if saved[key] else [])
+                  for key in OUTPUT_KEYS}
+        labels = test_labels(study_dir)
+        if labels is not None:
+            arrays['test_labels'] = labels
     return runs, arrays
+
+
+def test_labels(study_dir):
+    path = os.path.join(study_dir, 'test_labels.json')
+    if not os.path.exists(path):
+        return None
+    return np.array(read_json(path, 'rerun a launch to rewrite it'))
+
+
+def ensemble_tallies(study_dir, runs, labels, num_classes):
+    """{config: {'tta': EnsembleTally, 'no_tta': EnsembleTally}} over the finished runs with saved
+    logits, diverged runs left out. Each tally is kept in DIR/analysis/ with the runs it holds,
+    and extended by the runs finished since (a launch's final report reads only the logits of
+    the runs it added); one that holds a run no longer in the study is rebuilt."""
+    tallies = {}
+    for config, group in runs.groupby('config', sort=False) if len(runs) else ():
+        group = group[~group['diverged'].fillna(False).astype(bool)] if 'diverged' in group \
+            else group
+        wanted = sorted(int(run) for run in group['run']
+                        if os.path.exists(outputs_path(study_dir, config, int(run))))
+        if wanted:
+            tallies[config] = {name: _tally(study_dir, config, wanted, key, labels, num_classes)
+                               for name, key in TALLY_KEYS.items()}
+    return tallies
+
+
+def _tally_path(study_dir, config, key):
+    return os.path.join(study_dir, 'analysis', f'{config}.{key}.tally.npz')
+
+
+def _tally(study_dir, config, wanted, key, labels, num_classes):
+    path = _tally_path(study_dir, config, key)
+    tally, held = EnsembleTally(labels, num_classes), []
+    if os.path.exists(path):
+        try:
+            with np.load(path) as saved:
+                if set(saved['runs'].tolist()) <= set(wanted) and \
+                        saved['votes'].shape == tally.votes.shape:
+                    tally.votes[:] = saved['votes']
+                    tally.accuracies = saved['accuracies'].tolist()
+                    held = saved['runs'].tolist()
+        except (OSError, ValueError, KeyError):
+            pass  # an unreadable tally is rebuilt from the logits
+    new = [run for run in wanted if run not in set(held)]
+    for run in new:
+        tally.add(read_outputs(study_dir, config, run)[key].argmax(axis=1))
+    if new:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        temporary = f'{path}.tmp{os.getpid()}.npz'
+        np.savez(temporary, votes=tally.votes, accuracies=np.array(tally.accuracies),
+                 runs=np.array(held + new))
+        os.replace(temporary, path)
+    return tally

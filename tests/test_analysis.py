@@ -1,5 +1,5 @@
 """studylib's analysis (issue #20): power-law fits and epochs to a target, the paper's effective
-speedups recomputed from its raw table, bootstrap intervals over runs, distribution-wise variance
+speedups recomputed from its raw table, their intervals over runs, distribution-wise variance
 (Jordan 2024) and the class-aggregated calibration error (Jiang et al. 2022). All on numbers or
 seeded synthetic data: no training."""
 import importlib.util
@@ -18,10 +18,9 @@ from conftest import REPO
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from studylib.fits import (PowerLaw, bootstrap_effective_speedup,  # noqa: E402
-                           bootstrap_epochs_to_accuracy, bootstrap_interval, effective_speedup,
-                           epochs_to_accuracy, fit_power_law)
-from studylib import report, stats  # noqa: E402
+from studylib.fits import (PowerLaw, effective_speedup, effective_speedup_interval,  # noqa: E402
+                           epochs_to_accuracy, epochs_to_accuracy_interval, fit_power_law)
+from studylib import analysis, markdown  # noqa: E402
 from studylib import variance  # noqa: E402  (its test_set_std would be collected as a test)
 from studylib.variance import (class_aggregated_calibration_error,  # noqa: E402
                                distribution_wise_std, distribution_wise_variance)
@@ -144,32 +143,36 @@ def test_errors_falling_ever_faster_fit_no_law_and_the_fit_says_so():
         assert fit_power_law(EPOCHS, 1 - accuracies).at_bounds == ()
 
 
-def test_report_says_when_speedups_rest_on_a_misfit():
-    """The summary carries each curve's fitted accuracies and bounds; the report names the curves
-    whose numbers are not measurements, and only those."""
+def speedup_of(curves):
+    """analysis.speedup_analysis of {base: {epochs: per-run accuracies}} as a study would hold it."""
     configs, rows = {}, []
-    for base, curve in (('random', SHORT_RANDOM), ('alternating', SHORT_ALTERNATING)):
+    for base, curve in curves.items():
         for epochs, accuracies in curve.items():
             name = f'{base},train_epochs={epochs:g}'
             configs[name] = dict(base=base, grid={'opt.train_epochs': f'{epochs:g}'},
                                  hyp={'opt': {'train_epochs': epochs}})
             rows += [dict(config=name, run=run, accuracy=a) for run, a in enumerate(accuracies)]
-    analysis = stats.speedup_analysis(pd.DataFrame(rows), dict(configs=configs), target=None)
-    random = analysis['curves']['random']
+    return analysis.speedup_analysis(pd.DataFrame(rows), configs, target=None)
+
+
+def test_report_says_when_speedups_rest_on_a_misfit():
+    """The summary carries each curve's fitted accuracies and bounds; the report marks every
+    number derived from a curve whose fit stopped at a bound, and only those."""
+    found = speedup_of({'random': SHORT_RANDOM, 'alternating': SHORT_ALTERNATING})
+    random = found['curves']['random']
     assert random['fit']['at_bounds'] == ['c']
     assert random['fitted_accuracy'] == pytest.approx(
         [1 - fit_power_law([0.5, 1, 2], [1 - np.mean(SHORT_RANDOM[e]) for e in (0.5, 1, 2)])
          .error_at(e) for e in (0.5, 1, 2)])
-    notes = [line for line in report.speedup_table(analysis) if 'not measurements' in line]
-    assert [line.split(':')[0] for line in notes] == ['random', 'alternating']
-    assert 'every speedup over it' in notes[0]
-    free = {e: [1 - float(LAW.error_at(e))] * 2 for e in EPOCHS}
-    configs = {f'b,train_epochs={e}': dict(base='b', grid={'opt.train_epochs': str(e)},
-                                            hyp={'opt': {'train_epochs': e}}) for e in EPOCHS}
-    rows = [dict(config=f'b,train_epochs={e}', run=r, accuracy=a)
-            for e, accuracies in free.items() for r, a in enumerate(accuracies)]
-    analysis = stats.speedup_analysis(pd.DataFrame(rows), dict(configs=configs), target=None)
-    assert not [line for line in report.speedup_table(analysis) if 'not measurements' in line]
+    speedups = found['curves']['alternating']['speedup'].values()
+    assert all(not s['reliable'] and 'stopped at the bound of c' in s['reason']
+               for s in speedups if s['estimate'] is not None)
+    notes = [line for line in markdown.speedup_lines(found) if line.startswith(markdown.DAGGER)]
+    assert notes and all('stopped at the bound of c' in line for line in notes)
+    free = speedup_of({'b': {e: [1 - float(LAW.error_at(e)) + d for d in (-0.001, 0, 0.001)]
+                             for e in EPOCHS}})
+    assert free['curves']['b']['fit']['at_bounds'] == []
+    assert not [line for line in markdown.speedup_lines(free) if 'stopped at the bound' in line]
 
 
 def test_per_run_accuracies_are_averaged():
@@ -210,61 +213,48 @@ def test_errors_that_do_not_fall_cannot_be_fit():
         fit_power_law(EPOCHS, [0.05, 0.06, 0.07, 0.08])
 
 
-# Bootstrap intervals
+# Intervals
 
-def test_bootstrap_contains_the_estimate_and_shrinks_with_more_runs():
+def test_interval_contains_the_estimate_and_shrinks_with_more_runs():
     """16 times the runs: the interval narrows by about 4 (1/sqrt(n)); asserted: by more than 2."""
     widths = []
     for runs in (25, 400):
-        interval = bootstrap_epochs_to_accuracy(synthetic_runs(runs, 0.0015, seed=runs), 0.94,
-                                                resamples=200)
-        assert interval.low <= interval.estimate <= interval.high
-        assert (interval.failed, interval.unreachable) == (0, 0)
-        widths.append(interval.high - interval.low)
+        interval = epochs_to_accuracy_interval(synthetic_runs(runs, 0.0015, seed=runs), 0.94)
+        assert interval['ci_low'] <= interval['estimate'] <= interval['ci_high']
+        assert (interval['failed_draws'], interval['unreachable_draws']) == (0, 0)
+        assert interval['reliable'] and interval['extrapolated'] is False
+        widths.append(interval['ci_high'] - interval['ci_low'])
     assert widths[1] < widths[0] / 2
 
 
-def test_bootstrap_effective_speedup():
+def test_effective_speedup_interval():
     """A configuration whose 20-epoch accuracy is the baseline's at 25 epochs: speedup 25%."""
     baseline = synthetic_runs(400, 0.0015, seed=2)
     compared = 1 - float(LAW.error_at(25)) + np.random.default_rng(3).normal(0, 0.0015, 400)
-    interval = bootstrap_effective_speedup(baseline, compared, 20, resamples=200)
-    assert interval.low <= interval.estimate <= interval.high
-    assert interval.low < 0.25 < interval.high
-    assert interval.estimate == pytest.approx(effective_speedup(
+    interval = effective_speedup_interval(baseline, compared, 20)
+    assert interval['ci_low'] < 0.25 < interval['ci_high']
+    assert interval['estimate'] == pytest.approx(effective_speedup(
         EPOCHS, [baseline[e] for e in EPOCHS], 20, compared))
+    assert interval['equivalent_epochs'] == pytest.approx(20 * (1 + interval['estimate']))
 
 
-def test_bootstrap_counts_unreachable_resamples_and_opens_the_interval():
-    """A target 0.0005 above the asymptote: many resamples put the asymptote above it."""
-    interval = bootstrap_epochs_to_accuracy(synthetic_runs(100, 0.0015, seed=4), 1 - 0.0505,
-                                            resamples=200)
-    assert interval.unreachable_fraction > 0.025
-    assert interval.high == math.inf and interval.low < math.inf
-    assert interval.failed == 0
+def test_interval_counts_unreachable_draws_and_opens_its_upper_bound():
+    """A target 0.0005 above the asymptote: many draws put the asymptote above it, so the
+    interval is [low, open): it still covers, and says so in ci_high = None."""
+    interval = epochs_to_accuracy_interval(synthetic_runs(100, 0.0015, seed=4), 1 - 0.0505)
+    assert interval['unreachable_draws'] > 0.025 * interval['draws']
+    assert interval['ci_high'] is None and interval['ci_low'] is not None
+    assert interval['failed_draws'] == 0
 
 
-def test_bootstrap_reports_and_leaves_out_failed_resamples():
-    """A statistic that fails whenever the resampled mean is below 0.5: those resamples are
-    counted and warned about, and none of them enters the interval."""
-    def statistic(means):
-        if means['cell'] < 0.5:
-            raise ValueError('no fit')
-        return means['cell']
-    with pytest.warns(RuntimeWarning, match='could not be fit'):
-        interval = bootstrap_interval({'cell': [0.0, 1.0] * 10 + [1.0]}, statistic, resamples=200)
-    assert 0 < interval.failed < 200
-    assert interval.failed_fraction == interval.failed / 200
-    assert interval.low >= 0.5
-    calls = []
-
-    def fails_after_the_estimate(means):
-        calls.append(means)
-        if len(calls) > 1:
-            raise ValueError('no fit')
-        return 0.0
-    with pytest.raises(ValueError, match='all 50 bootstrap resamples failed'):
-        bootstrap_interval({'cell': [0.0, 1.0]}, fails_after_the_estimate, resamples=50)
+def test_interval_counts_draws_that_fit_no_law():
+    """A curve that barely falls (0.02 points over 4 epoch counts, noise 0.15 points): most draws
+    fit no falling law; they are counted and the interval is not reliable."""
+    runs = {e: 0.94 + 0.0002 * i + np.random.default_rng(i).normal(0, 0.0015, 5)
+            for i, e in enumerate(EPOCHS)}
+    interval = epochs_to_accuracy_interval(runs, 0.9401)
+    assert interval['failed_draws'] > 0.025 * interval['draws'] or interval['estimate'] is None
+    assert not interval['reliable']
 
 
 # Test-set and distribution-wise standard deviation
@@ -344,7 +334,7 @@ def test_cace_of_a_calibrated_ensemble_is_zero():
     are right, exactly as confident as the ensemble."""
     predictions = np.array([[0, 0, 0, 1], [0, 0, 1, 0], [0, 1, 0, 0], [1, 0, 0, 0]])
     labels = np.array([0, 0, 0, 1])
-    assert class_aggregated_calibration_error(predictions, labels) == 0.0
+    assert class_aggregated_calibration_error(predictions, labels, bins=None) == 0.0
     assert class_aggregated_calibration_error(predictions, labels, bins=2) == 0.0
 
 
@@ -359,8 +349,9 @@ def test_cace_hand_computed():
     One bin pools every pair: 3 labels against confidences summing to 3, so CACE = 0."""
     predictions = np.array([[0, 1, 2], [0, 1, 0], [0, 2, 0], [1, 1, 0]])
     labels = np.array([0, 2, 0])
-    assert class_aggregated_calibration_error(predictions, labels) == pytest.approx(1 / 6)
-    assert class_aggregated_calibration_error(predictions, labels, num_classes=10) \
+    assert class_aggregated_calibration_error(predictions, labels, bins=None) == \
+        pytest.approx(1 / 6)
+    assert class_aggregated_calibration_error(predictions, labels, bins=None, num_classes=10) \
         == pytest.approx(1 / 6)
     assert class_aggregated_calibration_error(predictions, labels, bins=1) == pytest.approx(0)
 
@@ -382,6 +373,6 @@ def test_cace_of_a_sampled_calibrated_ensemble_is_within_its_noise():
     pairs = np.bincount(votes.ravel(), minlength=runs + 1)
     levels = np.arange(runs + 1) / runs
     noise = np.sqrt(pairs * levels * (1 - levels)).sum() / examples
-    assert class_aggregated_calibration_error(predictions, labels) < 4 * noise
+    assert class_aggregated_calibration_error(predictions, labels, bins=None) < 4 * noise
     majority = votes.argmax(axis=1)
-    assert class_aggregated_calibration_error(predictions, majority) > 10 * noise
+    assert class_aggregated_calibration_error(predictions, majority, bins=None) > 10 * noise

@@ -122,7 +122,8 @@ def test_two_processes_train_every_run_once_and_the_summary_is_scipys(image_fold
         times = [found[(config, run)]['total_time_seconds'] for run in range(4)]
         assert entry['n'] == n and entry['mean'] == pytest.approx(mean)
         assert entry['std'] == pytest.approx(std)
-        assert entry['ci95'] == pytest.approx([mean - half_width, mean + half_width])
+        assert [entry['ci_low'], entry['ci_high']] == pytest.approx([mean - half_width,
+                                                                     mean + half_width])
         # the p-value of "mean <= target", and the decision at 5%
         assert entry['p_mean_at_most_target'] == pytest.approx(stats.t.sf(t_above, n - 1))
         assert entry['p_mean_at_most_target'] == pytest.approx(
@@ -130,7 +131,7 @@ def test_two_processes_train_every_run_once_and_the_summary_is_scipys(image_fold
         assert entry['above_target_at_5pct'] == (entry['p_mean_at_most_target'] < 0.05)
         (cpu_times,) = entry['time_by_device'].values()
         assert cpu_times['mean'] == pytest.approx(statistics.fmean(times)) and cpu_times['n'] == 4
-    (comparison,) = summary['comparisons']
+    (comparison,) = summary['comparisons']['comparisons']
     ours, theirs = accuracies['lr5'], accuracies['base']
     difference = statistics.fmean(ours) - statistics.fmean(theirs)
     variances = [statistics.variance(ours) / 4, statistics.variance(theirs) / 4]
@@ -138,16 +139,22 @@ def test_two_processes_train_every_run_once_and_the_summary_is_scipys(image_fold
     half_width = stats.t.ppf(0.975, dof) * math.sqrt(sum(variances))
     paired = [a - b for a, b in zip(ours, theirs)]
     t_paired = statistics.fmean(paired) / (statistics.stdev(paired) / 2)
+    # the runs share their seeds: the paired t-test is the study's, Welch's in summary.json only
     assert comparison['config'] == 'lr5' and comparison['baseline'] == 'base'
-    assert comparison['n_paired'] == 4
+    assert comparison['test'] == 'paired t-test' and comparison['n_a'] == 4
     assert comparison['difference'] == pytest.approx(difference)
-    assert comparison['ci95'] == pytest.approx([difference - half_width, difference + half_width])
-    assert comparison['p_welch'] == pytest.approx(
+    assert comparison['p_value'] == pytest.approx(stats.ttest_rel(ours, theirs).pvalue)
+    assert comparison['p_value'] == pytest.approx(2 * stats.t.sf(abs(t_paired), 3))
+    paired_half_width = stats.t.ppf(0.975, 3) * statistics.stdev(paired) / 2
+    assert [comparison['ci_low'], comparison['ci_high']] == pytest.approx(
+        [difference - paired_half_width, difference + paired_half_width])
+    welch = comparison['other_test']
+    assert [welch['ci_low'], welch['ci_high']] == pytest.approx([difference - half_width,
+                                                                 difference + half_width])
+    assert welch['p_value'] == pytest.approx(
         stats.ttest_ind(ours, theirs, equal_var=False).pvalue)
-    assert comparison['p_welch'] == pytest.approx(
+    assert welch['p_value'] == pytest.approx(
         2 * stats.t.sf(abs(difference) / math.sqrt(sum(variances)), dof))
-    assert comparison['p_paired'] == pytest.approx(stats.ttest_rel(ours, theirs).pvalue)
-    assert comparison['p_paired'] == pytest.approx(2 * stats.t.sf(abs(t_paired), 3))
 
     (first_launch,) = summary['launches']
     environment = first_launch['environment']
@@ -155,7 +162,7 @@ def test_two_processes_train_every_run_once_and_the_summary_is_scipys(image_fold
     assert environment['torch'] == torch.__version__ and environment['cpu']
     assert environment['gpu_count'] == 0 and environment['device'] == 'cpu'
     report = open(study_dir / 'report.md').read()
-    assert f"| base | 4 |  | {summary['configs']['base']['mean']:.4f} |" in report  # 0 failed
+    assert f"| base | six views | 4 |  |  | {summary['configs']['base']['mean']:.4f} |" in report
     assert '| lr5 | base |' in report and 'world_size 2' in report
     for plot in ('accuracy.png', 'time.png'):
         assert open(study_dir / plot, 'rb').read(8) == b'\x89PNG\r\n\x1a\n'

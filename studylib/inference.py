@@ -1,0 +1,174 @@
+"""Statistics on plain arrays of per-run numbers: a mean and its interval, the test of a mean
+against a target (the test behind every record claim), the comparison of two configurations,
+Holm's adjustment of a family of comparisons, the ratio of two configurations' times, and the
+runs a study needs to resolve a difference.
+
+Every function takes sequences of numbers (lists, numpy arrays, pandas columns) and returns a dict
+that JSON holds: None where a number is undefined, with `reason` saying why. Intervals and tests
+are scipy.stats' Student-t ones; they assume per-run values spread about normally, which
+accuracies of these trainings do (their coverage with and without a tail of bad runs:
+tools/coverage.py, in docs/studies.md).
+"""
+import math
+import warnings
+
+import numpy as np
+from scipy import stats
+
+
+def _sample(values, name):
+    values = np.asarray(values, dtype=float).ravel()
+    if not np.isfinite(values).all():
+        raise ValueError(f'{name} holds a value that is not finite (nan or inf): drop diverged '
+                         'runs first, and count them')
+    return values
+
+
+def _finite(value):
+    return float(value) if value is not None and math.isfinite(value) else None
+
+
+def _check_confidence(confidence):
+    if not 0 < confidence < 1:
+        raise ValueError(f'confidence is a fraction in (0, 1), not {confidence}')
+
+
+def describe(values, confidence=0.95):
+    """n, mean, std (sample, ddof 1) and the Student-t interval of the mean (ci_low, ci_high):
+    None where the sample is too small (n < 2) or has no spread."""
+    _check_confidence(confidence)
+    values = _sample(values, 'values')
+    n = values.size
+    entry = dict(n=n, mean=float(values.mean()) if n else None, std=None, ci_low=None,
+                 ci_high=None)
+    if n > 1:
+        entry['std'] = float(values.std(ddof=1))
+        if np.ptp(values) > 0:  # not std > 0: equal values can leave a std of 1e-17
+            low, high = stats.t.interval(confidence, n - 1, loc=entry['mean'],
+                                         scale=stats.sem(values))
+            entry.update(ci_low=float(low), ci_high=float(high))
+    return entry
+
+
+def target_test(values, target, confidence=0.95):
+    """The one-sided t-test of "mean <= target" (a record is claimed when it is rejected), with the
+    mean and its two-sided interval: mean, ci_low, ci_high, p_value (small when the mean exceeds
+    the target), n, and reason where the test is undefined (n < 2, no spread)."""
+    entry = describe(values, confidence)
+    entry.update(target=float(target), p_value=None, reason=None)
+    if entry['n'] < 2 or entry['ci_low'] is None:
+        entry['reason'] = ('fewer than 2 runs' if entry['n'] < 2 else
+                           'the runs have no spread: a t-test is undefined')
+        return entry
+    entry['p_value'] = float(stats.ttest_1samp(_sample(values, 'values'), target,
+                                               alternative='greater').pvalue)
+    return entry
+
+
+def compare(a, b, paired=False, confidence=0.95):
+    """b against a: the difference of means (mean of b minus mean of a) with its interval and
+    two-sided p-value, from the paired t-test (paired=True: a[i] and b[i] are one pair, as runs of
+    two configurations with the same seeds are) or Welch's t-test.
+
+    Returns difference, ci_low, ci_high, p_value, test (its name), effect_size (Cohen's d_av: the
+    difference over the root mean of the two variances, the same for both designs, so that a
+    paired and an unpaired analysis of the same runs give the same effect size), n_a, n_b,
+    correlation (Pearson's, within pairs; paired only) and reason where undefined.
+    """
+    _check_confidence(confidence)
+    a, b = _sample(a, 'a'), _sample(b, 'b')
+    if paired and a.size != b.size:
+        raise ValueError(f'paired samples pair run i of a with run i of b: a has {a.size} runs, '
+                         f'b {b.size}; give the runs both have, or paired=False')
+    entry = dict(test='paired t-test' if paired else "Welch's t-test", n_a=a.size, n_b=b.size,
+                 difference=float(b.mean() - a.mean()) if a.size and b.size else None,
+                 ci_low=None, ci_high=None, p_value=None, effect_size=None, reason=None)
+    if paired:
+        entry['correlation'] = None
+    if min(a.size, b.size) < 2:
+        entry['reason'] = 'each side needs at least 2 runs'
+        return entry
+    spread = math.sqrt((a.var(ddof=1) + b.var(ddof=1)) / 2)
+    if not np.ptp(b - a if paired else np.concatenate([a - a.mean(), b - b.mean()])) > 0:
+        entry['reason'] = 'no spread: a t-test is undefined'
+        return entry
+    entry['effect_size'] = entry['difference'] / spread if spread > 0 else None
+    result = stats.ttest_rel(b, a) if paired else stats.ttest_ind(b, a, equal_var=False)
+    interval = result.confidence_interval(confidence)
+    entry.update(ci_low=_finite(interval.low), ci_high=_finite(interval.high),
+                 p_value=_finite(result.pvalue))
+    if paired and np.ptp(a) > 0 and np.ptp(b) > 0:
+        entry['correlation'] = float(stats.pearsonr(a, b).statistic)
+    return entry
+
+
+def holm(p_values):
+    """Holm's step-down adjustment of a family of p-values (Holm 1979), controlling the chance of
+    any false rejection in the family: the k-th smallest of m is multiplied by m - k + 1, and the
+    adjusted values are made non-decreasing. None entries (undefined tests) stay None and are not
+    counted in the family."""
+    indexed = sorted((p, i) for i, p in enumerate(p_values) if p is not None)
+    adjusted, running, m = [None] * len(p_values), 0.0, len(indexed)
+    for rank, (p, i) in enumerate(indexed):
+        running = max(running, min(1.0, (m - rank) * p))
+        adjusted[i] = running
+    return adjusted
+
+
+def time_ratio(times_a, times_b, confidence=0.95):
+    """How much longer b takes than a: the ratio of the geometric means of their timed seconds
+    (b over a; 0.8 = 20% faster), with the interval of Welch's t on log seconds. Times of one
+    device model only: ratios across models mean nothing."""
+    _check_confidence(confidence)
+    a, b = _sample(times_a, 'times_a'), _sample(times_b, 'times_b')
+    if (a <= 0).any() or (b <= 0).any():
+        raise ValueError('times are positive seconds')
+    entry = dict(ratio=float(np.exp(np.log(b).mean() - np.log(a).mean())) if a.size and b.size
+                 else None, ci_low=None, ci_high=None, n_a=a.size, n_b=b.size, reason=None)
+    if min(a.size, b.size) < 2 or not (np.ptp(a) > 0 or np.ptp(b) > 0):
+        entry['reason'] = 'each side needs at least 2 runs with some spread'
+        return entry
+    interval = stats.ttest_ind(np.log(b), np.log(a), equal_var=False).confidence_interval(
+        confidence)
+    entry.update(ci_low=float(np.exp(interval.low)), ci_high=float(np.exp(interval.high)))
+    return entry
+
+
+def statistical_power(runs, std, difference, alpha=0.05, paired=False, correlation=0.0):
+    """The chance that a two-sided t-test at level alpha rejects "no difference" with `runs` runs
+    per configuration, when the true difference is `difference` and the runs' standard deviation
+    `std` (the noncentral t distribution; pooled-variance t for two groups, the t-test of the
+    differences for pairs whose values correlate by `correlation`)."""
+    if paired:
+        spread, freedom = std * math.sqrt(2 * (1 - correlation)) / math.sqrt(runs), runs - 1
+    else:
+        spread, freedom = std * math.sqrt(2 / runs), 2 * runs - 2
+    critical = stats.t.ppf(1 - alpha / 2, freedom)
+    shift = abs(difference) / spread
+    return float(stats.nct.sf(critical, freedom, shift) + stats.nct.cdf(-critical, freedom, shift))
+
+
+def runs_needed(std, difference, power=0.8, alpha=0.05, paired=False, correlation=0.0):
+    """The fewest runs per configuration at which a two-sided t-test at level alpha detects a true
+    difference `difference` with probability `power`, for runs whose standard deviation is `std`
+    (same units as difference). paired: the runs pair up with this within-pair correlation.
+    Examples: a difference of half a standard deviation at 80% power needs 64 runs per
+    configuration (Cohen 1988, table 2.4.1); 0.08 points at a std of 0.15 points, 57."""
+    if not std > 0 or not difference or not math.isfinite(difference):
+        raise ValueError(f'give a positive std and a non-zero difference (got std {std}, '
+                         f'difference {difference})')
+    if not 0 < power < 1 or not 0 < alpha < 1 or not -1 < correlation < 1:
+        raise ValueError('power and alpha are fractions in (0, 1), correlation in (-1, 1)')
+    achieved = statistical_power
+    low, high = 2, 4
+    while achieved(high, std, difference, alpha, paired, correlation) < power:
+        low, high = high, 2 * high
+        if high > 1 << 40:
+            raise ValueError('more runs than can be trained: the difference is too small')
+    while low < high:  # the smallest n in [low, high] that reaches the power
+        middle = (low + high) // 2
+        if achieved(middle, std, difference, alpha, paired, correlation) >= power:
+            high = middle
+        else:
+            low = middle + 1
+    return low

@@ -1,0 +1,287 @@
+"""A study's report from its records (issues #26 and #28), on study directories written here as
+study.py writes them: every analysis that cannot be made says why and the rest is written (a flat
+curve, a diverged configuration, a single epoch count, every run failed); comparisons paired by
+design, Holm-adjusted, with planning figures and time ratios; honest labels; plots with legends;
+the variance analysis streamed over runs equal to the in-memory one, and extended run by run."""
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import REPO  # noqa: F401  (puts the repository on the path)
+
+import study  # noqa: E402
+from studylib import load, plots, variance  # noqa: E402
+
+HYP = {'opt': {'train_epochs': 10.0, 'lr': 11.5}, 'aug': {'flip': 'alternating'},
+       'net': {'tta_level': 2}}
+SEEDS = ('init', 'order', 'aug')
+
+
+def config(base, grid=None, **net):
+    hyp = json.loads(json.dumps(HYP))
+    hyp['net'].update(net)
+    for key, value in (grid or {}).items():
+        group, name = key.split('.')
+        hyp[group][name] = float(value) if name == 'train_epochs' else value
+    return dict(script='airbench94', script_sha256='0' * 64, overrides=[], base=base,
+                grid=grid or {}, hyp=hyp)
+
+
+def make_study(study_dir, configs, runs, target=None, save_logits=False, classes=10):
+    os.makedirs(study_dir, exist_ok=True)
+    study_json = dict(
+        settings=dict(seed=0, vary='all', train_subset=None, val_split=0, save_logits=save_logits,
+                      precision='fp32', data=dict(dataset='folder', train_splits='train',
+                                                  sha256='0', num_train=100, num_test=100,
+                                                  classes=[str(k) for k in range(classes)])),
+        configs=configs, runs=runs, commands=[['study.py']],
+        launches=[dict(id='abc', started='2026-11-26T00:00:00', command=['study.py'],
+                       environment=dict(world_size=1, hosts='here', torch=torch.__version__))])
+    if target is not None:
+        study_json['target'] = target
+    with open(os.path.join(study_dir, 'study.json'), 'w') as f:
+        json.dump(study_json, f)
+
+
+def add_run(study_dir, config_name, run, accuracy, diverged=False, seed_offset=0,
+            seconds=3.0, device='GPU A', val_acc=None, outputs=None):
+    directory = os.path.join(study_dir, 'runs', config_name)
+    os.makedirs(directory, exist_ok=True)
+    record = dict(config=config_name, run=run, script='airbench94', seed=run,
+                  seeds={s: 1000 * run + seed_offset + i for i, s in enumerate(SEEDS)},
+                  vary='all', accuracy=accuracy, accuracy_on='test', test_acc=accuracy,
+                  val_acc=val_acc, total_time_seconds=seconds, steps=10,
+                  graphs_compiled_during_run=0, epoch_train_losses=[None if diverged else 1.0],
+                  diverged=diverged, train_images=100, rank=0, host='here', device='cuda',
+                  device_model=device, torch=torch.__version__, launch='abc',
+                  finished='2026-11-26T00:00:01')
+    with open(os.path.join(directory, f'{run:05d}.json'), 'w') as f:
+        json.dump(record, f)
+    if outputs is not None:
+        torch.save(outputs, os.path.join(directory, f'{run:05d}.pt'))
+
+
+def add_failure(study_dir, config_name, run):
+    directory = os.path.join(study_dir, 'runs', config_name)
+    os.makedirs(directory, exist_ok=True)
+    failure = dict(config=config_name, run=run, failed=True, error_type='RuntimeError',
+                   error='CUDA out of memory', rank=0, host='here')
+    with open(os.path.join(directory, f'{run:05d}.failed.json'), 'w') as f:
+        json.dump(dict(config=config_name, run=run, failures=[failure]), f)
+
+
+def read_summary(study_dir):
+    """summary.json, refusing the non-JSON constants NaN and Infinity."""
+    def refuse(constant):
+        raise AssertionError(f'summary.json holds {constant}')
+    with open(os.path.join(study_dir, 'summary.json')) as f:
+        return json.load(f, parse_constant=refuse)
+
+
+def accuracy_at(epochs, rng, noise=0.0015):
+    return 1 - (0.03 + 0.45 * epochs ** -0.75) + rng.normal(0, noise)
+
+
+def test_flat_curve_and_diverged_configuration_leave_the_report_whole(tmp_path):
+    """The issue's flat curve (0.94 +- 0.05 points at 40, 80, 160 epochs, 4 runs, target 0.94)
+    beside a falling one and a configuration whose every run diverged: all outputs are written;
+    what cannot be computed says why; `study.py report` exits 0."""
+    study_dir = str(tmp_path / 'flat')
+    rng = np.random.default_rng(0)
+    configs = {}
+    for base in ('falling', 'flat', 'diverged'):
+        for epochs in (40, 80, 160):
+            configs[f'{base},train_epochs={epochs}'] = config(base, {'opt.train_epochs': str(epochs)})
+    make_study(study_dir, configs, 4, target=0.94)
+    for run in range(4):
+        for epochs in (40, 80, 160):
+            add_run(study_dir, f'falling,train_epochs={epochs}', run,
+                    accuracy_at(epochs / 4, rng))
+            add_run(study_dir, f'flat,train_epochs={epochs}', run, 0.94 + rng.normal(0, 0.0005))
+            add_run(study_dir, f'diverged,train_epochs={epochs}', run, 0.1, diverged=True)
+    assert study.main(['report', study_dir]) == 0
+    summary = read_summary(study_dir)
+    for name in ('summary.json', 'report.md', 'runs.csv', 'accuracy.png', 'time.png',
+                 'epochs.png'):
+        assert os.path.getsize(os.path.join(study_dir, name)) > 0
+    diverged = summary['configs']['diverged,train_epochs=40']
+    assert (diverged['n'], diverged['diverged'], diverged['mean']) == (0, 4, None)
+    assert summary['runs_diverged'] == 12
+    curves = summary['speedup']['curves']
+    assert set(curves) == {'falling', 'flat'}  # the diverged one has no runs to fit
+    flat = curves['flat']['epochs_to_target']
+    assert flat['estimate'] is None or not flat['reliable']
+    assert 'do not fall' in flat['reason'] or 'does not fall measurably' in flat['reason']
+    assert curves['falling']['epochs_to_target']['reliable']
+    report = open(os.path.join(study_dir, 'report.md')).read()
+    assert '| diverged,train_epochs=40 | six views | 0 | 4 |' in report
+    assert 'diverged (a loss not finite), left out of the mean' in report
+
+
+def test_single_epoch_count_and_every_run_failed(tmp_path):
+    study_dir = str(tmp_path / 'failed')
+    make_study(study_dir, {'a': config('a'), 'b': config('b')}, 2, target=0.94, save_logits=True)
+    with open(os.path.join(study_dir, 'test_labels.json'), 'w') as f:
+        json.dump([0, 1, 2], f)  # a launch writes them before any run
+    for name in ('a', 'b'):
+        for run in range(2):
+            add_failure(study_dir, name, run)
+    summary = study.write_outputs(study_dir)
+    assert summary['runs_finished'] == 0 and summary['runs_failed'] == 4
+    assert summary['configs']['a']['failed'] == 2 and summary['configs']['a']['n'] == 0
+    assert 'epoch counts' in summary['speedup']['reason']
+    assert '2 or more finished runs' in summary['variance']['reason']
+    report = open(os.path.join(study_dir, 'report.md')).read()
+    assert 'Not computed: the study needs a grid of 3 or more epoch counts' in report
+    with pytest.raises(study_error()):
+        study.write_outputs(study_dir, require_speedup=True)
+    assert study.main(['report', study_dir, '--speedup']) == 1
+    assert os.path.exists(os.path.join(study_dir, 'report.md'))
+
+
+def study_error():
+    from studylib.errors import StudyError
+    return StudyError
+
+
+def test_comparisons_are_paired_by_design_holm_adjusted_and_planned(tmp_path):
+    """Two configurations against a baseline, 6 runs each with the same seeds: the paired t-test
+    is the one reported (Welch's in summary.json), p-values Holm-adjusted over the family of 2,
+    the runs needed at the observed std, and time ratios per device model. A third configuration
+    whose runs have other seeds is compared by Welch's test."""
+    study_dir = str(tmp_path / 'pairs')
+    configs = {name: config(name) for name in ('base', 'better', 'same', 'unpaired')}
+    make_study(study_dir, configs, 6)
+    rng = np.random.default_rng(1)
+    for run in range(6):
+        shared = rng.normal(0, 0.001)
+        add_run(study_dir, 'base', run, 0.94 + shared + rng.normal(0, 0.0005), seconds=3.0,
+                device='GPU A')
+        add_run(study_dir, 'better', run, 0.942 + shared + rng.normal(0, 0.0005), seconds=2.4,
+                device='GPU A')
+        add_run(study_dir, 'same', run, 0.94 + shared + rng.normal(0, 0.0005), seconds=3.0,
+                device='GPU A')
+        add_run(study_dir, 'unpaired', run, 0.94 + rng.normal(0, 0.001), seed_offset=7,
+                seconds=3.1, device='GPU B')
+    summary = study.write_outputs(study_dir, resolve=0.1)  # points
+    found = {c['config']: c for c in summary['comparisons']['comparisons']}
+    runs, _ = study.load_study(study_dir, outputs=False)
+    base = runs[runs['config'] == 'base']['accuracy'].to_numpy()
+    better = runs[runs['config'] == 'better']['accuracy'].to_numpy()
+    assert found['better']['test'] == 'paired t-test' and found['better']['design'] == 'paired'
+    assert found['better']['p_value'] == pytest.approx(
+        study.compare(base, better, paired=True)['p_value'])
+    assert found['better']['other_test']['p_value'] == pytest.approx(
+        study.compare(base, better)['p_value'])
+    assert found['unpaired']['test'] == "Welch's t-test" and found['unpaired']['other_test'] is None
+    adjusted = study.holm([found[name]['p_value'] for name in ('better', 'same', 'unpaired')])
+    assert [found[name]['p_holm'] for name in ('better', 'same', 'unpaired')] == \
+        pytest.approx(adjusted)
+    assert 'the 3 comparisons of this study' in summary['comparisons']['family']
+    expected = study.runs_needed(found['better']['std'], 0.001, paired=True,
+                                 correlation=found['better']['correlation'])
+    assert found['better']['runs_to_resolve'] == expected
+    ratio = found['better']['time_ratio_by_device']['GPU A']
+    assert ratio['ratio'] == pytest.approx(0.8)
+    assert found['unpaired']['time_ratio_by_device'] == {}  # other device: no ratio
+    report = open(os.path.join(study_dir, 'report.md')).read()
+    assert "| better | base | paired t-test |" in report and 'runs to resolve 0.1 points' in report
+
+
+def test_grid_only_study_compares_each_point_with_the_first(tmp_path):
+    study_dir = str(tmp_path / 'grid')
+    configs = {f'lr={lr}': config('baseline', {'opt.lr': str(lr)}) for lr in (10, 11, 12)}
+    make_study(study_dir, configs, 3)
+    rng = np.random.default_rng(2)
+    for name in configs:
+        for run in range(3):
+            add_run(study_dir, name, run, 0.94 + rng.normal(0, 0.001))
+    summary = study.write_outputs(study_dir)
+    pairs = [(c['config'], c['baseline']) for c in summary['comparisons']['comparisons']]
+    assert pairs == [('lr=11', 'lr=10'), ('lr=12', 'lr=10')]
+
+
+def test_labels_come_from_each_configurations_hyp(tmp_path):
+    study_dir = str(tmp_path / 'labels')
+    make_study(study_dir, {'plain': config('plain', tta_level=0),
+                           'selective': config('selective', tta_level=2, tta_fraction=0.25)}, 2)
+    for name in ('plain', 'selective'):
+        for run in range(2):
+            add_run(study_dir, name, run, 0.93 + 0.001 * run)
+    summary = study.write_outputs(study_dir)
+    assert summary['configs']['plain']['tta']['name'] == 'none'
+    assert summary['configs']['selective']['tta']['name'] == \
+        'six views on the least confident 25%'
+    report = open(os.path.join(study_dir, 'report.md')).read()
+    assert report.startswith('# Study: test accuracy\n') and 'with TTA' not in report.split('\n')[0]
+
+
+def test_time_plot_has_one_legend_entry_per_device_model(tmp_path, monkeypatch):
+    study_dir = str(tmp_path / 'devices')
+    long_names = {f'base,train_epochs={e},lr={lr}': config('base', {'opt.train_epochs': str(e),
+                                                                    'opt.lr': str(lr)})
+                  for e in (5, 10) for lr in (10, 11)}
+    make_study(study_dir, long_names, 2)
+    for index, name in enumerate(long_names):
+        for run in range(2):
+            add_run(study_dir, name, run, 0.9, device=('GPU A', 'GPU B')[(index + run) % 2])
+    figures = {}
+    monkeypatch.setattr(plots, 'save', lambda figure, directory, name, plt:
+                        figures.setdefault(name, figure))
+    study.write_outputs(study_dir)
+    legend = figures['time.png'].axes[0].get_legend()
+    assert sorted(text.get_text() for text in legend.get_texts()) == ['GPU A', 'GPU B']
+    labels = [label.get_text() for label in figures['accuracy.png'].axes[0].get_yticklabels()]
+    assert labels == list(long_names)  # one row each: names never overlap
+
+
+def logits_of(predictions, classes):
+    logits = torch.zeros(len(predictions), classes, dtype=torch.float16)
+    logits[torch.arange(len(predictions)), torch.as_tensor(predictions)] = 1
+    return logits
+
+
+def test_variance_streamed_over_runs_equals_the_arrays_and_grows_run_by_run(tmp_path,
+                                                                          monkeypatch):
+    study_dir = str(tmp_path / 'variance')
+    classes, examples = 5, 100
+    rng = np.random.default_rng(3)
+    labels = rng.integers(0, classes, examples)
+    make_study(study_dir, {'a': config('a')}, 8, save_logits=True, classes=classes)
+    with open(os.path.join(study_dir, 'test_labels.json'), 'w') as f:
+        json.dump(labels.tolist(), f)
+    predictions = {key: np.where(rng.random((8, examples)) < 0.8, labels,
+                                 rng.integers(0, classes, (8, examples)))
+                   for key in ('logits', 'logits_plain')}
+
+    def add(run):
+        add_run(study_dir, 'a', run, float((predictions['logits'][run] == labels).mean()),
+                outputs={key: logits_of(p[run], classes) for key, p in predictions.items()})
+    for run in range(5):
+        add(run)
+    reads = []
+    real_read = load.read_outputs
+    monkeypatch.setattr(load, 'read_outputs', lambda *args: reads.append(args) or
+                        real_read(*args))
+    study.write_outputs(study_dir)
+    assert len(reads) == 10  # 5 runs, 2 kinds of logits
+    for run in range(5, 8):
+        add(run)
+    summary = study.write_outputs(study_dir)
+    assert len(reads) == 16  # only the 3 new runs were read
+    for key, name in (('logits', 'tta'), ('logits_plain', 'no_tta')):
+        entry = summary['variance']['a'][name]
+        correct = predictions[key] == labels
+        assert entry['n'] == 8
+        assert entry['distribution_wise_variance'] == pytest.approx(
+            variance.distribution_wise_variance(correct), rel=1e-12)
+        assert entry['calibration']['estimate'] == pytest.approx(
+            variance.class_aggregated_calibration_error(predictions[key], labels,
+                                                        num_classes=classes), rel=1e-12)
+    runs, arrays = study.load_study(study_dir)
+    assert len(arrays['logits']) == 8
+    assert arrays['logits'][('a', 3)].dtype == np.float16
+    assert (arrays['logits'][('a', 3)].argmax(1) == predictions['logits'][3]).all()
