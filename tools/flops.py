@@ -153,7 +153,7 @@ def published_flops(path, num_train=50000, num_test=10000, probe_batch=4):
     batch_size, epochs, whiten_bias_epochs = published_schedule(source)
     definitions, _, _, _ = reference.split_script(source, path)
     reference.redirect_cuda_to_cpu()
-    published = {'__name__': 'published'}
+    published, sys.argv = {'__name__': 'published'}, [path]  # it reads its own source at import
     exec(compile(definitions, path, 'exec'), published)
     net = published['CifarNet']()
     net.reset()
