@@ -142,11 +142,12 @@ def timing(function):
             if depth[0] == 0:
                 spent[0] += time.perf_counter() - start
     return wrapper
-for name, module in list(sys.modules.items()):  # every plotting function of the engine
+for name, module in list(sys.modules.items()):  # every plotting function, wherever it is named
     if name.startswith('studylib.'):
         for attribute, value in list(vars(module).items()):
-            if callable(value) and getattr(value, '__module__', None) == name and \\
-                    ('plot' in attribute or 'plot' in name) and not isinstance(value, type):
+            home = getattr(value, '__module__', None) or ''
+            if callable(value) and not isinstance(value, type) and home.startswith('studylib') \\
+                    and ('plot' in attribute or 'plot' in home):
                 setattr(module, attribute, timing(value))
 start = time.perf_counter()
 status = study.main(['report', {study_dir!r}])
