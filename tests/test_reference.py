@@ -78,3 +78,74 @@ def test_a_cuda_only_script_runs_on_the_cpu_in_our_precision(image_folder, tmp_p
     result = run_tool(str(script), image_folder, str(tmp_path / 'work'), '--no-warmup')
     assert [line for line in result.stdout.splitlines() if line.startswith('final')] == ['final 0']
     assert 'steps 20' in result.stdout  # hyp's 9.9 epochs
+
+
+# The shape of hiverge's published script: no hyp (its schedule in total_train_steps), tensors made
+# with device='cuda', a network whose forward takes a second argument, its own warmup call
+HIVERGE_STAND_IN = '''
+import sys
+from math import ceil
+import torch
+from torch import nn
+
+with open(sys.argv[0]) as f:
+    code = f.read()
+
+class CifarNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(3 * 32 * 32, 4)
+        for mod in self.modules():
+            mod.half()
+
+    def forward(self, x, whiten_bias_grad=True):
+        return self.head(x.flatten(1))
+
+def print_training_details(variables, is_final_entry):
+    print('final' if is_final_entry else 'epoch', variables['run'])
+
+def main(run, model):
+    data = torch.load('cifar10/train.pt', map_location=torch.device('cuda'), weights_only=True)
+    images = (data['images'].half() / 255).permute(0, 3, 1, 2)
+    labels = data['labels']
+    train_loader = [None, None]
+    total_train_steps = ceil(7.65 * len(train_loader))
+    whiten_bias_train_steps = ceil(0.2 * len(train_loader))
+    order = torch.empty(len(images), dtype=torch.long, device='cuda')
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(total_train_steps):
+        torch.randperm(len(images), out=order)
+        outputs = model(images[order], whiten_bias_grad=step < whiten_bias_train_steps)
+        nn.functional.cross_entropy(outputs, labels[order]).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    time_seconds = 1.0
+    tta_val_acc = (model(images).argmax(1) == labels).float().mean().item()
+    print('steps', total_train_steps, whiten_bias_train_steps, 'order', order.device,
+          'outputs', outputs.dtype)
+    print_training_details(locals(), is_final_entry=True)
+
+if __name__ == '__main__':
+    model = CifarNet().cuda().to(memory_format=torch.channels_last)
+    model.compile(mode='max-autotune')
+    main('warmup', model)
+    for run in range(200):
+        main(run + 1, model)
+'''
+
+
+def test_a_script_without_hyp_making_cuda_tensors_runs_with_its_schedule_fitted(image_folder,
+                                                                                tmp_path):
+    script = tmp_path / 'published.py'
+    script.write_text(HIVERGE_STAND_IN)
+    result = run_tool(str(script), image_folder, str(tmp_path / 'work'), '--runs', '2',
+                      '--epochs', '2', '--precision', 'bf16')
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    # 2 epochs of 2 batches; the whitening bias's 0.2 epochs untouched; its own warmup, once
+    assert lines.count('steps 4 1 order cpu outputs torch.float32') == 3
+    assert [line for line in lines if line.startswith('final')] == ['final warmup', 'final 1',
+                                                                   'final 2']
+    result = run_tool(str(script), image_folder, str(tmp_path / 'work'), '--no-warmup')
+    assert [line for line in result.stdout.splitlines() if line.startswith('final')] == ['final 1']
+    assert 'steps 16 1 order cpu' in result.stdout  # its 7.65 epochs
