@@ -191,12 +191,13 @@ def epoch_curves(runs, configs, metric='accuracy'):
     return curves
 
 
-def curve_entry(curve, target, baseline, is_baseline):
+def curve_entry(curve, target, baseline, baseline_label, is_baseline):
     """One curve: per epoch count its n, mean and interval; its fit; the epochs to the target and
     the speedup over the baseline curve at each epoch count, each with its interval."""
     epochs = sorted(curve)
     points = [inference.describe(curve[e]) for e in epochs]
-    entry = dict(epochs=epochs, n=[p['n'] for p in points], mean_accuracy=[p['mean'] for p in points],
+    entry = dict(baseline=baseline_label, epochs=epochs, n=[p['n'] for p in points],
+                 mean_accuracy=[p['mean'] for p in points],
                  ci_low=[p['ci_low'] for p in points], ci_high=[p['ci_high'] for p in points],
                  fit=None, fitted_accuracy=None, epochs_to_target=None, speedup={})
     try:
@@ -227,9 +228,8 @@ def speedup_analysis(runs, configs, target, metric='accuracy', baselines=None):
     first = next(iter(usable))
     baseline_of = {label: (baselines or {}).get(label, first) for label in usable}
     analysis = {label: section(curve_entry, curve, target, usable.get(baseline_of[label]),
-                               label == baseline_of[label]) for label, curve in usable.items()}
-    for label, entry in analysis.items():
-        entry['baseline'] = baseline_of[label]
+                               baseline_of[label], label == baseline_of[label])
+                for label, curve in usable.items()}
     return dict(metric=metric, baseline=first, target=target, curves=analysis,
                 skipped={label: len(curve) for label, curve in curves.items()
                          if label not in usable})

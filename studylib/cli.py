@@ -12,6 +12,11 @@ NAME = r'[A-Za-z0-9][A-Za-z0-9_.+-]*'       # a configuration's name, safe as a 
 GRID_VALUE = r'[A-Za-z0-9_.+-]+'            # a number or a word: legible in a generated name
 
 
+RESOLVE_HELP = ('a difference in points of accuracy (0.1 for 94.0%% against 94.1%%): the report '
+                'gives, for every comparison, the runs per configuration that resolve it at 80%% '
+                'power at the observed spread')
+
+
 class Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, not the usage text, and not on every process
         raise StudyError(message)
@@ -38,6 +43,7 @@ def study_parser(description):
         help='the sources of randomness that change from run to run; the others are held')
     add('--target', type=float, help='accuracy target: tested against each mean, and the '
         'target of epochs-to-target with an epoch grid')
+    add('--resolve', type=float, metavar='DELTA', help=RESOLVE_HELP)
     add('--save-logits', action='store_true', help="keep each run's test logits (fp16), with "
         'and without TTA: they give the variance and calibration analyses')
     add('--train-subset', type=float, metavar='FRACTION', help='train each run on its own random '
@@ -166,6 +172,7 @@ def parse_report_args(argv):
                     'runs.csv and the plots of a study from its records, without training.')
     parser.add_argument('study_dir', metavar='DIR')
     parser.add_argument('--target', type=float, help="the accuracy target (default: the study's)")
+    parser.add_argument('--resolve', type=float, metavar='DELTA', help=RESOLVE_HELP)
     parser.add_argument('--speedup', action='store_true', help='require the epochs-to-target and '
                         'effective-speedup analysis (an error if the study has no epoch grid)')
     parser.add_argument('--variance', action='store_true', help='require the variance and '

@@ -9,6 +9,7 @@ are scipy.stats' Student-t ones; they assume per-run values spread about normall
 accuracies of these trainings do (their coverage with and without a tail of bad runs:
 tools/coverage.py, in docs/studies.md).
 """
+import contextlib
 import math
 import warnings
 
@@ -26,6 +27,17 @@ def _sample(values, name):
 
 def _finite(value):
     return float(value) if value is not None and math.isfinite(value) else None
+
+
+@contextlib.contextmanager
+def constant_samples_allowed():
+    """scipy's t-tests without their warning about a sample whose values are all equal
+    ("catastrophic cancellation"): its variance is 0, which the tests handle exactly. The
+    functions here refuse the case where no sample has any spread themselves."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings('ignore', message='Precision loss occurred',
+                                category=RuntimeWarning)
+        yield
 
 
 def _check_confidence(confidence):
@@ -93,7 +105,8 @@ def compare(a, b, paired=False, confidence=0.95):
         entry['reason'] = 'no spread: a t-test is undefined'
         return entry
     entry['effect_size'] = entry['difference'] / spread if spread > 0 else None
-    result = stats.ttest_rel(b, a) if paired else stats.ttest_ind(b, a, equal_var=False)
+    with constant_samples_allowed():
+        result = stats.ttest_rel(b, a) if paired else stats.ttest_ind(b, a, equal_var=False)
     interval = result.confidence_interval(confidence)
     entry.update(ci_low=_finite(interval.low), ci_high=_finite(interval.high),
                  p_value=_finite(result.pvalue))
@@ -128,8 +141,9 @@ def time_ratio(times_a, times_b, confidence=0.95):
     if min(a.size, b.size) < 2 or not (np.ptp(a) > 0 or np.ptp(b) > 0):
         entry['reason'] = 'each side needs at least 2 runs with some spread'
         return entry
-    interval = stats.ttest_ind(np.log(b), np.log(a), equal_var=False).confidence_interval(
-        confidence)
+    with constant_samples_allowed():
+        interval = stats.ttest_ind(np.log(b), np.log(a), equal_var=False).confidence_interval(
+            confidence)
     entry.update(ci_low=float(np.exp(interval.low)), ci_high=float(np.exp(interval.high)))
     return entry
 

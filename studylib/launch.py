@@ -328,7 +328,7 @@ def run_study(args, world, command):
                 collector.collect()  # stopped early or not: what has arrived is kept
             finally:
                 try:
-                    write_report(args.study_dir)
+                    write_report(args.study_dir, args.resolve)
                 finally:
                     lock.close()
     if collector is not None and collector.failed:
@@ -339,11 +339,11 @@ def run_study(args, world, command):
                          'summary counts them, and the same command retries them')
 
 
-def write_report(study_dir):
+def write_report(study_dir, resolve=None):
     """The summary, report and plots at the end of a launch. Their failure never replaces the
     launch's outcome (its records are written): one line says so and how to rebuild them."""
     try:
-        report.write_outputs(study_dir)
+        report.write_outputs(study_dir, resolve=resolve)
     except Exception as error:  # noqa: BLE001: whatever the analyses raise, the runs are kept
         message = (str(error).splitlines() or [''])[0][:300]
         print(f'warning: the report of {study_dir} could not be written ({type(error).__name__}: '
@@ -396,8 +396,8 @@ def main(argv=None):
 def report_main(argv):
     try:
         args = parse_report_args(argv)
-        report.write_outputs(args.study_dir, target=args.target, require_speedup=args.speedup,
-                             require_variance=args.variance)
+        report.write_outputs(args.study_dir, target=args.target, resolve=args.resolve,
+                             require_speedup=args.speedup, require_variance=args.variance)
     except StudyError as error:
         print(f'error: {error}', file=sys.stderr, flush=True)
         return 1

@@ -106,7 +106,8 @@ def plot_epochs(study_dir, speedup, plt):
     axes.set_ylabel(f"error (1 - {speedup['metric']})")
     axes.set_title('mean error with its 95% CI, and the fitted power laws '
                    '(dashed: at a bound)', fontsize=10)
-    axes.legend(fontsize=7)
+    if axes.get_legend_handles_labels()[1]:
+        axes.legend(fontsize=7)
     save(figure, study_dir, 'epochs.png', plt)
 
 

@@ -16,7 +16,8 @@ hyp = {
     'opt': {'train_epochs': 9.9, 'batch_size': 1024},
     'aug': {'flip': 'alternating'},
     'net': {'tta_level': 2},
-    'curve': {'a': -1.0, 'b': 0.2, 'c': 0.04, 'noise': 0.0015},  # error = c + b * epochs^a
+    'curve': {'a': -1.0, 'b': 0.2, 'c': 0.04, 'noise': 0.0015,  # error = c + b * epochs^a
+              'diverges': False},  # True: every run's loss is not finite (a diverged run)
 }
 EVAL_BATCH_SIZE = 2000
 A100_SECONDS_PER_EPOCH = 3.83 / 9.9
@@ -76,7 +77,9 @@ def train(data, hyp, device, precision, seed, net=None, epoch_eval=True, on_epoc
     steps = math.ceil(len(data['train']['labels']) // hyp['opt']['batch_size'] * epochs)
     noise = torch.randn(1, generator=torch.Generator().manual_seed(run_seed(seeds) + 1)).item()
     return dict(seed=seed, seeds=seeds, steps=steps, net=net, tta_val_acc=accuracy,
-                val_acc=accuracy if epoch_eval else None, epoch_train_losses=[1.0] * math.ceil(epochs),
+                val_acc=accuracy if epoch_eval else None,
+                epoch_train_losses=[math.nan if hyp['curve']['diverges'] else 1.0]
+                * math.ceil(epochs),
                 total_time_seconds=A100_SECONDS_PER_EPOCH * epochs * (1 + 0.01 * noise))
 
 

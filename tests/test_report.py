@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import REPO  # noqa: F401  (puts the repository on the path)
+from conftest import REPO
+from test_study import study_main  # noqa: F401  (a fixture)
 
 import study  # noqa: E402
 from studylib import load, plots, variance  # noqa: E402
@@ -285,3 +286,35 @@ def test_variance_streamed_over_runs_equals_the_arrays_and_grows_run_by_run(tmp_
     assert len(arrays['logits']) == 8
     assert arrays['logits'][('a', 3)].dtype == np.float16
     assert (arrays['logits'][('a', 3)].argmax(1) == predictions['logits'][3]).all()
+
+
+def test_a_launch_with_a_flat_curve_and_a_diverged_configuration_exits_0_with_its_report(
+        study_main, image_folder, tmp_path):  # noqa: F811
+    """The stand-in script (tests/stand_in_script.py) trained by study.py as a user launches it:
+    a falling curve, a flat one and one whose runs all diverge, at 40, 80 and 160 epochs with a
+    target: the launch exits 0, and its report says what could not be computed and why."""
+    study_dir = str(tmp_path / 'study')
+    assert study_main([os.path.join(REPO, 'tests', 'stand_in_script.py'), '--runs', '4',
+                       '--study-dir', study_dir, '--target', '0.94', '--resolve', '0.1',
+                       '--grid', 'opt.train_epochs=40,80,160', '--config', 'falling',
+                       '--config', 'flat', 'curve.b=0', 'curve.c=0.06', 'curve.noise=0.0005',
+                       '--config', 'diverged', 'curve.diverges=True', '--',
+                       '--dataset', 'folder', '--device', 'cpu', '--precision', 'fp32',
+                       '--no-warmup', '--data-dir', image_folder]) == 0
+    summary = read_summary(study_dir)
+    assert summary['runs_diverged'] == 12 and summary['configs']['diverged,train_epochs=80'][
+        'diverged'] == 4
+    flat = summary['speedup']['curves']['flat']['epochs_to_target']
+    assert flat['estimate'] is None and 'do not fall' in flat['reason']
+    assert 'diverged' not in summary['speedup']['curves']
+    assert summary['comparisons']['resolve'] == 0.1
+    report = open(os.path.join(study_dir, 'report.md')).read()
+    assert 'runs to resolve 0.1 points' in report and 'undefined' in report
+    assert not os.path.exists(os.path.join(study_dir, 'study.lock')) or _unlocked(study_dir)
+
+
+def _unlocked(study_dir):
+    import fcntl
+    with open(os.path.join(study_dir, 'study.lock')) as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises if a launch still held it
+    return True
