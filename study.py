@@ -3,11 +3,12 @@ many machines, with the statistics and analyses that research studies need.
 
     python study.py SCRIPT --runs N --study-dir DIR [--config NAME [SCRIPT] [KEY=VALUE ...]]...
                     [--grid KEY=V1,V2,...]... [--seed S] [--vary init|order|aug|all]
-                    [--target ACC] [--save-logits] [--train-subset FRACTION] [--val-split N]
+                    [--target ACC] [--resolve DELTA] [--save-logits] [--train-subset FRACTION]
+                    [--val-split N]
                     [-- FLAGS FOR THE SCRIPTS]
     torchrun --nproc_per_node=8 study.py SCRIPT ...              (every GPU of a machine)
     torchrun --nnodes=2 --node-rank=R --nproc_per_node=8 --rdzv-endpoint=HOST:PORT study.py ...
-    python study.py report DIR [--target ACC] [--speedup] [--variance]   (no training)
+    python study.py report DIR [--target ACC] [--resolve DELTA] [--speedup] [--variance]
 
 Configurations. Each --config NAME [SCRIPT] KEY=VALUE... is a script's hyp (SCRIPT: a script of
 this repository by name, or the path of any .py file with their interface; default the positional

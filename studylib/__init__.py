@@ -10,9 +10,12 @@ one run, its RunRecord and outputs. records: RunRecord and FailedTry, from the p
 a run to its file. collect: rank 0 writing what the processes publish. launch: one launch from
 setup to report.
 
-The analyses. stats: accuracies, tests, comparisons, times per device, and the analyses below over a
-study's runs. fits: power-law fits of error against epochs, epochs to a target accuracy, effective
-speedups and their bootstrap intervals. variance: test-set and distribution-wise standard
-deviations between runs, and the class-aggregated calibration error of an ensemble of runs.
-report: summary.json, report.md, runs.csv and plots. load: a study as a pandas table and arrays.
+The analyses. inference: statistics on plain arrays (a mean and its interval, the test against a
+target, comparisons, Holm's adjustment, time ratios, runs needed). fits: power-law fits of error
+against epochs, epochs to a target accuracy, effective speedups and their Monte Carlo intervals.
+variance: test-set and distribution-wise standard deviations between runs and the class-aggregated
+calibration error of the ensemble of runs, one run at a time (EnsembleTally). analysis: what a
+study compares and how (configurations, comparisons by design, epoch curves), each analysis alone.
+load: a study as a pandas table, its saved outputs read on lookup, its ensemble tallies. summary:
+summary.json's numbers. markdown: report.md. plots: the plots. report: writing them all.
 """
