@@ -111,9 +111,11 @@ def comparison_lines(section, digits=4):
         if c.get('reason') and c.get('difference') is None:
             lines.append(f"| {c['config']} | {c['baseline']} | not computed: {c['reason']} |")
             continue
+        interval = fmt_interval(c['ci_low'], c['ci_high'], digits) if c['p_value'] is not None \
+            else f"not tested: {c.get('reason') or 'undefined'}"
         lines.append(
             f"| {c['config']} | {c['baseline']} | {c['test']} | {fmt(c['difference'], digits)} | "
-            f"{fmt_interval(c['ci_low'], c['ci_high'], digits)} | {fmt(c['p_value'], 3)} | "
+            f"{interval} | {fmt(c['p_value'], 3)} | "
             f"{fmt(c['p_holm'], 3)} | {fmt(c['effect_size'], 2)} | "
             f"{fmt(c.get('correlation'), 2)} | {c['runs_to_resolve_difference'] or ''}"
             + (f" | {c.get('runs_to_resolve') or ''}" if resolve else '') + ' |')
