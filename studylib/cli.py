@@ -142,9 +142,9 @@ def parse_args(argv):
     argv = list(argv)
     split = argv.index('--') if '--' in argv else len(argv)
     argv, script_flags = argv[:split], argv[split + 1:]
-    args = parse_known(study_parser('Many trainings of the airbench scripts, on every GPU of one or '
-                                    'many machines, with the statistics that research studies '
-                                    'need.'), argv)
+    parser = study_parser('Many trainings of the airbench scripts, on every GPU of one or many '
+                          'machines, with the statistics that research studies need.')
+    args = parse_known(parser, argv)
     if args.runs < 1:
         raise StudyError(f'--runs must be at least 1, not {args.runs}')
     if args.train_subset is not None and not 0 < args.train_subset <= 1:

@@ -6,8 +6,7 @@ import os
 
 from .config import Study
 from .errors import StudyError
-# Where report and load import them from until they import them from files
-from .files import atomic_write, failure_path, finished_runs, read_json, record_path  # noqa: F401
+from .files import finished_runs
 
 SOURCES = ('init', 'order', 'aug')  # the sources of randomness of the scripts' source_seeds
 

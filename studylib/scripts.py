@@ -20,8 +20,9 @@ SHARED_FROM = 'airbench94.py'  # every script's part below the banner is this on
 BANNER_PHRASE = 'identical in all the airbench scripts'
 # What study.py calls of a script's method, and of the shared part below its banner
 METHOD_API = ('hyp', 'train', 'build_net', 'infer', 'CifarLoader', 'source_seeds')
-SHARED_API = ('parse_args', 'study_hyp', 'load_dataset', 'dummy_dataset', 'resolve_device_precision',
-              'DataError', 'keep_freed_memory_in_process', 'compiled_graph_count')
+SHARED_API = ('parse_args', 'study_hyp', 'load_dataset', 'dummy_dataset',
+              'resolve_device_precision', 'DataError', 'keep_freed_memory_in_process',
+              'compiled_graph_count')
 PROVIDED = ('torch', 'time')  # modules the shared part uses that a method-only copy is given
 
 

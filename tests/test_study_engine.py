@@ -1,7 +1,7 @@
-"""study.py's engine (issue #28): a study of the stand-in script (tests/stand_in_script.py, its method
-alone) gives the figures of its known curve; the engine's work per run does not grow with the
-runs; one Config from the command line to study.json and back, and today's study.json opens; a
-copy that defines only its method; the command line's traps; a report that fails never replaces
+"""study.py's engine (issue #28): a study of the stand-in script (tests/stand_in_script.py, its
+method alone) gives the figures of its known curve; the engine's work per run does not grow with
+the runs; one Config from the command line to study.json and back, and today's study.json opens;
+a copy that defines only its method; the command line's traps; a report that fails never replaces
 the launch's outcome."""
 import fcntl
 import json
@@ -203,8 +203,9 @@ def test_the_positional_script_in_no_config_is_the_baseline_and_said_so(
                                           for r in (0, 1)]
     assert list(json.load(open(study_dir / 'study.json'))['configs']) == ['stand_in_script',
                                                                          'mine']
-    assert (f'the script {STAND_IN} is in no --config: it is trained as the configuration '
-            'stand_in_script, the baseline of the comparisons') in capsys.readouterr().out.splitlines()
+    note = (f'the script {STAND_IN} is in no --config: it is trained as the configuration '
+            'stand_in_script, the baseline of the comparisons')
+    assert note in capsys.readouterr().out.splitlines()
     with pytest.raises(StudyError, match=r'the script airbench94 is in no --config \(each names '
                        r'its own SCRIPT\): give it one, --config NAME first'):
         cli.parse_args(['airbench94', '--runs', '1', '--study-dir', 'x', '--config', 'airbench94',

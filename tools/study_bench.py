@@ -1,7 +1,6 @@
-"""The study engine's overhead, measured: studies of tests/stand_in_script.py (whose train returns at
-once, with accuracies from a known curve) on 1 process and on 2 under torchrun, at 1,000 and 10,000
-runs, with or without saved logits; then `study.py report` on the same directory.
-
+"""The study engine's overhead, measured: studies of tests/stand_in_script.py (whose train returns
+at once, with accuracies from a known curve) on 1 process and on 2 under torchrun, at 1,000 and
+10,000 runs, with or without saved logits; then `study.py report` on the same directory.
 Usage: python tools/study_bench.py [--runs 1000,10000] [--processes 1,2] [--save-logits]
                                    [--classes 10] [--test-images 10000] [--keep DIR]
 
@@ -217,8 +216,8 @@ def main():
     parser.add_argument('--save-logits', action='store_true', help='keep every run\'s logits')
     parser.add_argument('--classes', type=int, default=10)
     parser.add_argument('--test-images', type=int, default=10000)
-    parser.add_argument('--keep', metavar='DIR', help='work in DIR and keep the studies (default: a '
-                        'temporary directory, removed)')
+    parser.add_argument('--keep', metavar='DIR', help='work in DIR and keep the studies '
+                        '(default: a temporary directory, removed)')
     args = parser.parse_args()
     work_dir = args.keep or tempfile.mkdtemp(prefix='study_bench_')
     env = {**os.environ, 'OMP_NUM_THREADS': '1'}
