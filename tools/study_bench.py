@@ -1,6 +1,7 @@
 """The study engine's overhead, measured: studies of tests/stand_in_script.py (whose train returns
 at once, with accuracies from a known curve) on 1 process and on 2 under torchrun, at 1,000 and
 10,000 runs, with or without saved logits; then `study.py report` on the same directory.
+
 Usage: python tools/study_bench.py [--runs 1000,10000] [--processes 1,2] [--save-logits]
                                    [--classes 10] [--test-images 10000] [--keep DIR]
 
