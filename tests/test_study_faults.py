@@ -177,7 +177,7 @@ def test_a_run_that_raises_is_recorded_and_the_next_launch_retries_it(
         summary = study_summary(study_dir)
         assert summary['configs']['bad']['failed'] == 2 and summary['configs']['bad']['n'] == 0
         assert summary['configs']['ok']['n'] == 2 and summary['runs_failed'] == 2
-        assert '- bad: 2 (RuntimeError: CUDA out of memory' in open(study_dir / 'report.md').read()
+        assert '- bad: 2 failed (RuntimeError: CUDA out of memory' in open(study_dir / 'report.md').read()
     flag.unlink()  # the cause is gone: the same command retries and finishes the study
     assert study_main(argv) == 0
     found = records(study_dir)
