@@ -78,7 +78,7 @@ def raw_table(runs, args, epochs_list):
 def speedup_table(runs, args, epochs_list):
     """Alternating over random flip, per Cutout setting, with TTA and without: the engine's
     effective speedups (studylib.analysis.speedup_analysis) against random flip's curve."""
-    configs = read_study(args.study_dir)['configs']
+    configs = read_study(args.study_dir).configs
     baselines = {f'cutout-{cutout}-alternating': f'cutout-{cutout}-random'
                  for cutout in args.cutout.split(',')}
     found = {tta: analysis.speedup_analysis(runs, configs, None, metric, baselines)

@@ -65,7 +65,7 @@ def config_summary(runs, name, config, target, failures):
     the RUN.failed.json of each, whose last try's error is shown)."""
     mine, diverged = finished(runs, name)
     accuracies = list(mine['accuracy']) if len(mine) else []
-    entry = dict(inference.describe(accuracies), diverged=diverged, tta=tta_of(config['hyp']),
+    entry = dict(inference.describe(accuracies), diverged=diverged, tta=tta_of(config.hyp),
                  time_by_device=time_by_device(mine), failed=len(failures),
                  failures=sorted({f"{last['error_type']}: "
                                   f"{(last['error'].splitlines() or [''])[0][:200]}"
@@ -88,15 +88,15 @@ def comparison_pairs(configs):
     the first configuration at the same grid point; in a study of one configuration over grids,
     each grid point against the first."""
     names = list(configs)
-    bases = list(dict.fromkeys(config['base'] for config in configs.values()))
+    bases = list(dict.fromkeys(config.base for config in configs.values()))
     if len(bases) == 1:
         return [(name, names[0]) for name in names[1:]]
     pairs = []
     for name, config in configs.items():
-        if config['base'] == bases[0]:
+        if config.base == bases[0]:
             continue
         baseline = next((other for other, c in configs.items()
-                         if c['base'] == bases[0] and c['grid'] == config['grid']), None)
+                         if c.base == bases[0] and c.grid == config.grid), None)
         if baseline is not None:
             pairs.append((name, baseline))
     return pairs
@@ -180,14 +180,14 @@ def epoch_curves(runs, configs, metric='accuracy'):
     differ only in their epochs; diverged runs left out), or {'reason': ...}."""
     curves = {}
     for name, config in configs.items():
-        if EPOCHS_KEY not in config['grid']:
+        if EPOCHS_KEY not in config.grid:
             continue
-        rest = {k: v for k, v in config['grid'].items() if k != EPOCHS_KEY}
-        label = ','.join([config['base'], *(f'{k}={v}' for k, v in rest.items())])
+        rest = {k: v for k, v in config.grid.items() if k != EPOCHS_KEY}
+        label = ','.join([config.base, *(f'{k}={v}' for k, v in rest.items())])
         values = finished(runs, name)[0]
         values = list(values[metric]) if len(values) else []
         if values:
-            curves.setdefault(label, {})[float(config['hyp']['opt']['train_epochs'])] = values
+            curves.setdefault(label, {})[float(config.hyp['opt']['train_epochs'])] = values
     return curves
 
 

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from .config import Study
 from .errors import StudyError
 from .files import outputs_path, read_json
 from .variance import EnsembleTally
@@ -18,13 +19,10 @@ TALLY_KEYS = {'tta': 'logits', 'no_tta': 'logits_plain'}
 
 
 def read_study(study_dir):
-    path = os.path.join(study_dir, 'study.json')
-    if not os.path.isfile(path):
+    """The Study in study_dir (config.Study, as the launch wrote it)."""
+    study = Study.read(study_dir)
+    if study is None:
         raise StudyError(f'{study_dir} holds no study (no study.json); give the --study-dir of one')
-    study = read_json(path, 'restore it from a copy')
-    if not isinstance(study.get('configs'), dict):
-        raise StudyError(f'{path} was written by an older study.py; rebuild its report with that '
-                         'version')
     return study
 
 
@@ -43,9 +41,9 @@ def record_row(record, config):
     """One row of the table: the record's fields, its seeds and its configuration's hyp."""
     row = {key: value for key, value in record.items() if key != 'seeds'}
     row.update({f'seed_{source}': seed for source, seed in record.get('seeds', {}).items()})
-    row.update(base=config['base'], script_sha256=config['script_sha256'])
-    row.update({f'grid.{key}': value for key, value in config['grid'].items()})
-    row.update(flatten(config['hyp']))
+    row.update(base=config.base, script_sha256=config.script_sha256)
+    row.update({f'grid.{key}': value for key, value in config.grid.items()})
+    row.update(flatten(config.hyp))
     return row
 
 
@@ -53,7 +51,7 @@ def load_records(study_dir, study, suffix='.json'):
     """Every record of the study's configurations: of finished runs (RUN.json), or with suffix
     '.failed.json' the tries of runs that failed and have not been trained since."""
     records = []
-    for config in study['configs']:
+    for config in study.configs:
         for path in sorted(glob.glob(os.path.join(study_dir, 'runs', glob.escape(config),
                                                   f'[0-9]*{suffix}'))):
             if '.tmp' not in path and os.path.basename(path).count('.') == suffix.count('.'):
@@ -108,15 +106,15 @@ def load_study(study_dir, outputs=True):
     saved)."""
     study = read_study(study_dir)
     records = load_records(study_dir, study)
-    rows = [record_row(record, study['configs'][record['config']]) for record in records]
+    rows = [record_row(record, study.configs[record['config']]) for record in records]
     runs = pd.DataFrame(rows)
     if len(runs):
         runs = runs.sort_values(['config', 'run'], key=lambda column: column.map(
-            list(study['configs']).index) if column.name == 'config' else column,
+            list(study.configs).index) if column.name == 'config' else column,
             ignore_index=True)
     arrays = {}
     if outputs:
-        settings = study['settings']
+        settings = study.settings
         saved = {'logits': settings.get('save_logits'), 'logits_plain': settings.get('save_logits'),
                  'train_mask': settings.get('train_subset') is not None}
         finished = [(record['config'], record['run']) for record in records]

@@ -7,17 +7,16 @@ from .load import ensemble_tallies, failed_runs, load_study, read_study, test_la
 def summarize(study_dir, target=None, resolve=None):
     """summary.json's content and the table of runs it was computed from. target: the accuracy
     target (default: the study's); resolve: a difference in points of accuracy for which every
-    comparison gets the runs needed to detect it (default: the study's --resolve)."""
+    comparison gets the runs needed to detect it."""
     study = read_study(study_dir)
-    target = target if target is not None else study.get('target')
-    resolve = resolve if resolve is not None else study.get('resolve')
-    settings = study['settings']
+    target = target if target is not None else study.target
+    settings = study.settings
     runs, _ = load_study(study_dir, outputs=False)
     failed = failed_runs(study_dir, study)
-    configs = study['configs']
-    expected = len(configs) * study['runs']
+    configs = study.configs
+    expected = len(configs) * study.runs
     summary = dict(
-        status='complete' if len(runs) == expected else 'partial', runs_requested=study['runs'],
+        status='complete' if len(runs) == expected else 'partial', runs_requested=study.runs,
         runs_finished=len(runs), runs_failed=sum(map(len, failed.values())),
         runs_diverged=int(runs['diverged'].fillna(False).astype(bool).sum())
         if 'diverged' in runs else 0,
@@ -28,7 +27,7 @@ def summarize(study_dir, target=None, resolve=None):
         speedup=analysis.section(analysis.speedup_analysis, runs, configs, target),
         variance=analysis.section(variance_analysis, study_dir, runs, settings),
         launches=[dict(id=launch['id'], started=launch['started'],
-                       environment=launch['environment']) for launch in study['launches']])
+                       environment=launch['environment']) for launch in study.launches])
     return summary, runs
 
 

@@ -21,6 +21,7 @@ if REPO not in sys.path:
 from studylib.fits import (PowerLaw, effective_speedup, effective_speedup_interval,  # noqa: E402
                            epochs_to_accuracy, epochs_to_accuracy_interval, fit_power_law)
 from studylib import analysis, markdown  # noqa: E402
+from studylib.config import Config  # noqa: E402
 from studylib import variance  # noqa: E402  (its test_set_std would be collected as a test)
 from studylib.variance import (class_aggregated_calibration_error,  # noqa: E402
                                distribution_wise_std, distribution_wise_variance)
@@ -149,8 +150,9 @@ def speedup_of(curves):
     for base, curve in curves.items():
         for epochs, accuracies in curve.items():
             name = f'{base},train_epochs={epochs:g}'
-            configs[name] = dict(base=base, grid={'opt.train_epochs': f'{epochs:g}'},
-                                 hyp={'opt': {'train_epochs': epochs}})
+            configs[name] = Config(name=name, script='airbench94', base=base,
+                                   grid={'opt.train_epochs': f'{epochs:g}'},
+                                   hyp={'opt': {'train_epochs': epochs}})
             rows += [dict(config=name, run=run, accuracy=a) for run, a in enumerate(accuracies)]
     return analysis.speedup_analysis(pd.DataFrame(rows), configs, target=None)
 
