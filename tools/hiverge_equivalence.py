@@ -1,0 +1,360 @@
+"""Check, piece by piece, that airbench94_hiverge.py computes what the published hiverge script
+computes (hiverge/cifar10-speedrun's cifar10_speedrun.py, commit 06c6072) when both start from the
+same weights and see the same batches, on this CPU in our precision.
+
+A side by side of whole runs compares two random samples; this tool removes the randomness. It
+loads the published definitions as tools/reference.py does (CUDA redirected to the CPU, the network
+under bf16 autocast, or in fp32 with --precision fp32) and compares:
+- the networks: parameters and buffers in the same order and shapes; the logits, the loss, the
+  gradients and the BatchNorm statistics of one training step, and the logits in evaluation mode;
+- the whitening filters from the same 960 images (the published takes torch.svd of the patches'
+  second-moment matrix, ours eigh: equal up to each eigenvector's sign);
+- the jitter: the published draws from torch's global generator, ours from a generator seeded alike;
+- the batched orthogonalization: the published _zeropower_via_newtonschulz5 against our padding and
+  orthogonalize, on the same six updates (a training step's gradients), in fp32 and in the dtype
+  each runs on this CPU (the published in its updates' fp32, ours in bf16); the published scales
+  each update to a "target magnitude" before normalizing it, which cancels but for its epsilons;
+- the selective TTA: the published infer(..., tta_level=2) against ours from the same network: the
+  chosen examples, their logits, the others' logits;
+- training: the published main() for E epochs (--epochs; its schedule, loader, optimizers and
+  evaluation, as written) keeps its initial weights, whitening filters, every batch it trains on
+  and its state after each step; our train() then starts from those weights and filters, is fed
+  those batches (and its normalization of the test images) and is compared step by step (the first
+  --steps) and at the end (state, TTA accuracy). Twice: as ours runs on this CPU (Newton-Schulz in
+  bf16 under bf16 autocast, fp32 momentum, PyTorch's default SGD), and matched to how the published
+  runs here (Newton-Schulz in fp32, fp16 momentum buffers, fused SGD, its lr multipliers'
+  formula).
+What remains after matching, and why, is in docs/cpu.md ("airbench94_hiverge against the published
+script").
+
+Usage: python tools/hiverge_equivalence.py PATH/cifar10_speedrun.py --data-dir DIR [--steps 8]
+           [--epochs 1] [--precision auto|bf16|fp32] [--workdir /tmp/airbench-reference]
+Prints one JSON line per check.
+"""
+import argparse
+import json
+import os
+import sys
+import types
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import reference  # noqa: E402  (tools/reference.py)
+import airbench94_hiverge as ours  # noqa: E402
+
+CPU = torch.device('cpu')
+PRECISION = 'bf16'  # or 'fp32' (--precision): the recipe both run in
+JITTER = {'enabled': True, 'brightness_range': 0.1399, 'contrast_range': 0.1308}
+
+
+def autocast():
+    return torch.autocast('cpu', dtype=torch.bfloat16, enabled=PRECISION == 'bf16')
+
+
+def load_published(path, epochs):
+    """The published definitions, its CUDA calls on the CPU, its network in our precision, its
+    schedule fitted to `epochs`."""
+    with open(path) as f:
+        source = f.read()
+    source = reference.STEPS_IN_EPOCHS.sub(
+        f'total_train_steps = ceil({epochs!r} * len(train_loader))', source)
+    definitions, _, _, _ = reference.split_script(source, path)
+    reference.redirect_cuda_to_cpu()
+    published = {'__name__': 'published'}
+    exec(compile(definitions, path, 'exec'), published)
+    network = published['CifarNet']
+    network.forward = reference.in_precision(network.forward, PRECISION == 'bf16')
+    published['print_training_details'] = lambda *args, **kwargs: None
+    return published
+
+
+def largest_difference(tensors, others):
+    return max(((a.float() - b.float()).abs().max().item() for a, b in zip(tensors, others)),
+               default=0.0)
+
+
+def our_state(their_state):
+    """Their state dict under our names (the same entries in the same order, checked)."""
+    names = list(ours.build_net(ours.hyp['net'], 10, CPU, PRECISION).state_dict())
+    assert len(names) == len(their_state)
+    return dict(zip(names, their_state.values()))
+
+
+def our_net(their_net):
+    mine = ours.build_net(ours.hyp['net'], 10, CPU, PRECISION)
+    mine.load_state_dict(our_state(their_net.state_dict()))
+    return mine
+
+
+def same_networks(published):
+    theirs = published['CifarNet']()
+    theirs.reset()
+    mine = our_net(theirs)
+    same_shapes = [tuple(t.shape) for t in theirs.state_dict().values()] == [
+        tuple(t.shape) for t in mine.state_dict().values()]
+    inputs = torch.randn(256, 3, 32, 32).contiguous(memory_format=torch.channels_last)
+    labels = torch.randint(10, (256,))
+    logits, losses = [], []
+    for net in (theirs, mine):
+        net.train()
+        with autocast():
+            logits.append(net(inputs).float())
+        losses.append(F.cross_entropy(logits[-1], labels, label_smoothing=0.09, reduction='sum'))
+        losses[-1].backward()
+    trained = [[p.requires_grad for p in net.parameters()] for net in (theirs, mine)]
+    with torch.no_grad(), autocast():
+        eval_logits = [net.eval()(inputs).float() for net in (theirs, mine)]
+    gradients = [[p.grad for p in net.parameters() if p.grad is not None] for net in (theirs, mine)]
+    result = dict(check='network', same_entries_and_shapes=same_shapes,
+                  same_trained=trained[0] == trained[1],
+                  logits=largest_difference(*[[t] for t in logits]),
+                  loss=abs(losses[0].item() - losses[1].item()),
+                  gradients=largest_difference(*gradients),
+                  batchnorm_statistics=largest_difference(*[list(net.buffers())
+                                                            for net in (theirs, mine)]),
+                  eval_logits=largest_difference(*[[t] for t in eval_logits]))
+    return result, [p.grad.clone() for p in mine.parameters() if p.grad is not None and p.ndim == 4]
+
+
+def same_whitening(published, images):
+    theirs = published['CifarNet']()
+    theirs.init_whiten(images)
+    mine = ours.build_net(ours.hyp['net'], 10, CPU, PRECISION)
+    ours.init_whitening(mine[0], images, ours.hyp['net']['whiten_eps'])
+    a, b = theirs.whiten.weight.flatten(1), mine[0].weight.flatten(1)
+    flipped = ((a + b).abs().amax(1) < (a - b).abs().amax(1)).sum().item()
+    up_to_sign = torch.minimum((a - b).abs().amax(1), (a + b).abs().amax(1)).max().item()
+    return dict(check='whitening filters', images=len(images), filters=len(a),
+                sign_flipped=flipped, largest_difference_up_to_sign=up_to_sign,
+                scale=a.abs().max().item())
+
+
+def same_jitter(published, images):
+    torch.manual_seed(5)
+    theirs = published['batch_color_jitter'](images, JITTER['brightness_range'],
+                                             JITTER['contrast_range'])
+    mine = ours.batch_brightness_contrast(images, ours.hyp['aug']['brightness'],
+                                          ours.hyp['aug']['contrast'],
+                                          torch.Generator().manual_seed(5))
+    return dict(check='jitter', images=len(images), largest_difference=largest_difference(
+        [theirs], [mine]))
+
+
+def our_orthogonalization(updates, dtype):
+    """What our Muon.step does with a list of updates: flatten, pad, orthogonalize, cut back."""
+    flat = [u.flatten(1) for u in updates]
+    rows, cols = max(u.size(0) for u in flat), max(u.size(1) for u in flat)
+    padded = torch.stack([F.pad(u, (0, cols - u.size(1), 0, rows - u.size(0))) for u in flat])
+    result = ours.orthogonalize(padded.to(dtype), ours.hyp['opt']['newton_schulz_steps'])
+    return [r[:u.size(0), :u.size(1)].reshape(v.shape).float()
+            for r, u, v in zip(result, flat, updates)]
+
+
+def same_orthogonalization(published, updates, total_steps):
+    meta = [(u.shape, u.size(0), u[0].numel(), i) for i, u in enumerate(updates)]
+    max_rows = max(u.size(0) for u in updates)
+    max_cols = (max(u[0].numel() for u in updates) + 15) // 16 * 16  # as its Muon pads
+    result = dict(check='batched orthogonalization', banks=[tuple(u.shape) for u in updates])
+    for step in (1, total_steps):  # its target magnitude moves with the step
+        theirs = published['_zeropower_via_newtonschulz5'](updates, meta, max_rows, max_cols, step,
+                                                           total_steps)
+        for name, dtype in (('fp32', torch.float32), ('bf16', torch.bfloat16)):
+            mine = our_orthogonalization(updates, dtype)
+            relative = max(((a - b).abs().max() / a.abs().max()).item()
+                           for a, b in zip(theirs, mine))
+            result[f'step_{step}_{name}_largest_relative_difference'] = relative
+    return result
+
+
+def same_selective_tta(published, net_state, images):
+    theirs = published['CifarNet']()
+    theirs.load_state_dict(net_state)
+    mine = our_net(theirs)
+    loader = types.SimpleNamespace(images=images, normalize=lambda x: x)
+    their_plain = published['infer'](theirs, loader, tta_level=0).float()
+    their_tta = published['infer'](theirs, loader, tta_level=2).float()
+    my_plain = ours.infer(mine, images, 0, autocast())
+    my_tta = ours.infer(mine, images, 2, autocast(), tta_fraction=ours.hyp['net']['tta_fraction'])
+    their_chosen, my_chosen = (their_tta != their_plain).any(1), (my_tta != my_plain).any(1)
+    both = their_chosen & my_chosen
+    return dict(check='selective TTA', images=len(images), their_chosen=their_chosen.sum().item(),
+                our_chosen=my_chosen.sum().item(), same_chosen=torch.equal(their_chosen, my_chosen),
+                plain_logits=largest_difference([their_plain], [my_plain]),
+                chosen_logits=largest_difference([their_tta[both]], [my_tta[both]]),
+                other_logits=largest_difference([their_tta[~my_chosen]], [my_tta[~my_chosen]]),
+                same_predictions=(their_tta.argmax(1) == my_tta.argmax(1)).float().mean().item())
+
+
+def published_run(published, keep_steps):
+    """The published main() for one run: its TTA accuracy, and what ours needs to follow it."""
+    kept = dict(batches=[], states=[])
+    model = published['CifarNet']()
+    reset, init_whiten = model.reset, model.init_whiten
+
+    def reset_and_keep():
+        reset()
+        kept['initial'] = {k: v.clone() for k, v in model.state_dict().items()}
+
+    def whiten_and_keep(images, *args, **kwargs):
+        init_whiten(images, *args, **kwargs)
+        kept['whitening'] = model.whiten.weight.detach().clone()
+
+    loader_class, muon_class = published['CifarLoader'], published['Muon']
+    iterate, muon_step = loader_class.__iter__, muon_class.step
+
+    def keep_batches(loader):
+        for images, labels in iterate(loader):
+            kept['batches'].append((images.clone(), labels.clone()))
+            yield images, labels
+
+    def step_and_keep(optimizer):
+        muon_step(optimizer)
+        if len(kept['states']) < keep_steps:
+            kept['states'].append({k: v.clone() for k, v in model.state_dict().items()})
+
+    model.reset, model.init_whiten = reset_and_keep, whiten_and_keep
+    loader_class.__iter__, muon_class.step = keep_batches, step_and_keep
+    try:
+        torch.manual_seed(0)
+        _, tta_accuracy, _ = published['main'](1, model)
+    finally:
+        loader_class.__iter__, muon_class.step = iterate, muon_step
+    kept['final'] = model.state_dict()
+    train_loader = loader_class('cifar10', train=True)
+    kept['normalize'], kept['train_images'] = train_loader.normalize, train_loader.images
+    return tta_accuracy, kept
+
+
+class Replay:
+    """Our CifarLoader's interface over the published run's batches, epoch by epoch."""
+
+    def __init__(self, kept, batch_size):
+        self.kept, self.batch_size, self.images = kept, batch_size, kept['train_images']
+        self.steps_per_epoch = 50000 // batch_size
+
+    def normalize(self, images):
+        return self.kept['normalize'](images)
+
+    def __len__(self):
+        return self.steps_per_epoch
+
+    def __iter__(self):
+        epoch, self.epoch = getattr(self, 'epoch', 0), getattr(self, 'epoch', 0) + 1
+        yield from self.kept['batches'][epoch * len(self):(epoch + 1) * len(self)]
+
+
+def our_run(kept, data, epochs, keep_steps, matched):
+    """Our train() from the published run's start, on its batches: TTA accuracy, states per step
+    (the first keep_steps) and the final state."""
+    states, names = [], {}
+    saved = {name: getattr(ours, name) for name in ('reinitialize', 'init_whitening',
+                                                    'CifarLoader', 'Muon', 'lr_schedule')}
+    reinitialize, base_muon = saved['reinitialize'], saved['Muon']
+    sgd = torch.optim.SGD
+
+    def reinitialize_from(net):
+        reinitialize(net)
+        net.load_state_dict(our_state(kept['initial']))
+        names['net'] = net
+
+    def whitening_from(layer, images, eps):
+        with torch.no_grad():
+            layer.weight.copy_(kept['whitening'])
+
+    class KeepingMuon(base_muon):
+        def __init__(self, params, lr, momentum, steps, weight_decay, dtype, compiled=False):
+            super().__init__(params, lr, momentum, steps, weight_decay,
+                             torch.float32 if matched else dtype, compiled)
+            if matched:  # the published keeps its Muon momentum in fp16
+                for weight in self.param_groups[0]['params']:
+                    self.state[weight]['momentum'] = torch.zeros_like(weight, dtype=torch.half)
+
+        def step(self, renormalize=True):
+            super().step(renormalize)
+            if len(states) < keep_steps:
+                states.append({k: v.clone() for k, v in names['net'].state_dict().items()})
+
+    class FusedSGD(sgd):
+        def __init__(self, params, **kwargs):
+            super().__init__(params, **{**kwargs, 'fused': True})
+
+    replay = Replay(kept, ours.hyp['opt']['batch_size'])
+    stand_ins = dict(reinitialize=reinitialize_from, init_whitening=whitening_from,
+                     CifarLoader=lambda *args, **kwargs: replay, Muon=KeepingMuon)
+    if matched:  # the published's lr multipliers: 1 - step * (1 / total_steps)
+        stand_ins['lr_schedule'] = lambda total: [1 - step * (1.0 / total)
+                                                  for step in range(total + 1)]
+        torch.optim.SGD = FusedSGD
+    for name, stand_in in stand_ins.items():
+        setattr(ours, name, stand_in)
+    hyp = {**ours.hyp, 'opt': {**ours.hyp['opt'], 'train_epochs': epochs}}
+    try:
+        result = ours.train(data, hyp, CPU, PRECISION, seed=0, epoch_eval=False)
+    finally:
+        torch.optim.SGD = sgd
+        for name, function in saved.items():
+            setattr(ours, name, function)
+    return result['tta_val_acc'], states, result['net'].state_dict()
+
+
+def same_training(published, data, epochs, keep_steps):
+    their_accuracy, kept = published_run(published, keep_steps)
+    theirs = [our_state(state) for state in kept['states']]
+    final = our_state(kept['final'])
+    results = []
+    for matched in (False, True):
+        accuracy, states, mine = our_run(kept, data, epochs, keep_steps, matched)
+        differences = {name: (final[name].float() - mine[name].float()).abs().max().item()
+                       for name in final}
+        largest = max(differences, key=differences.get)
+        results.append(dict(
+            check='training ' + ('matched to the published arithmetic' if matched else 'as run'),
+            epochs=epochs, steps=len(kept['batches']),
+            largest_state_difference_per_step=[largest_difference(a.values(), b.values())
+                                               for a, b in zip(theirs, states)],
+            published_tta_accuracy=their_accuracy, our_tta_accuracy=accuracy,
+            final_entries_that_differ=sum(d > 0 for d in differences.values()),
+            final_entries=len(differences), largest_final_difference=differences[largest],
+            in_entry=largest, whose_largest_value=final[largest].float().abs().max().item()))
+    return results, kept
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser.add_argument('script', help='the published cifar10_speedrun.py (tools/reference.py says '
+                        'where to get it)')
+    parser.add_argument('--data-dir', required=True, help="CIFAR-10 as our scripts' --data-dir")
+    parser.add_argument('--steps', type=int, default=8, help='steps compared one by one')
+    parser.add_argument('--epochs', type=float, default=1.0, help='epochs of the training compared')
+    parser.add_argument('--precision', choices=['auto', 'bf16', 'fp32'], default='auto',
+                        help="auto: our scripts' choice on this CPU")
+    parser.add_argument('--workdir', default='/tmp/airbench-reference')
+    args = parser.parse_args()
+    global PRECISION
+    PRECISION = ours.resolve_device_precision('cpu', args.precision)[1]
+    data_dir = os.path.abspath(args.data_dir)
+    published = load_published(os.path.abspath(args.script), args.epochs)
+    reference.write_script_cache(data_dir, args.workdir)
+    os.chdir(args.workdir)  # the published script reads ./cifar10/
+    data = ours.load_dataset('cifar10', data_dir)
+    torch.manual_seed(0)
+    network, gradients = same_networks(published)
+    print(json.dumps(network), flush=True)
+    train_loader = published['CifarLoader']('cifar10', train=True)
+    images = train_loader.normalize(train_loader.images[:ours.hyp['net']['whiten_images']])
+    print(json.dumps(same_whitening(published, images)), flush=True)
+    print(json.dumps(same_jitter(published, torch.randn(2000, 3, 32, 32))), flush=True)
+    total_steps = round(args.epochs * 32)
+    print(json.dumps(same_orthogonalization(published, gradients, total_steps)), flush=True)
+    training, kept = same_training(published, data, args.epochs, args.steps)
+    for result in training:
+        print(json.dumps(result), flush=True)
+    test_images = kept['normalize'](published['CifarLoader']('cifar10', train=False).images)
+    print(json.dumps(same_selective_tta(published, kept['final'], test_images)), flush=True)
+
+
+if __name__ == '__main__':
+    main()
