@@ -196,13 +196,25 @@ def reinitialize(net, whiten=True, identity_init=True):
         init_identity(net)
     net[0].weight.requires_grad, net[0].bias.requires_grad = not whiten, True
 
+def recompile_on_requires_grad():
+    """A new graph when a parameter's requires_grad changes (the whitening bias's freeze), as torch
+    2.5, 2.6 and 2.12 on make by default; 2.4 and 2.7 to 2.11 would reuse the graph that computes
+    the frozen bias's gradient (pytorch/pytorch#139476; docs/tests.md, "Torch versions")."""
+    if torch.__version__ < '2.5':
+        torch._dynamo.config.inline_inbuilt_nn_modules = True
+    elif '2.7' <= torch.__version__ < '2.12':
+        torch._dynamo.config.skip_tensor_guards_with_matching_dict_tags = False
+
 def build_net(arch, num_classes, device, precision):
     """make_net from hyp['net'], on the device in a precision recipe, channels_last, and compiled.
     'fp16': the paper's CUDA recipe (fp16 weights and activations, BatchNorm in fp32); 'bf16': fp32
     weights, the forward pass under bf16 autocast (the CPU recipe, see train); 'fp32': plain fp32.
     Static shapes: otherwise a batch size met second (evaluation's, say) makes dynamo recompile the
     graph with a symbolic batch size. CUDA: max-autotune (the paper's; CUDA graphs). Compilation
-    happens at the first calls."""
+    happens at the first calls. The same graphs on every torch from 2.4 (docs/tests.md, "Torch
+    versions"): the forward is compiled, not the module (before 2.14 net.compile() skips
+    nn.Sequential's own code, so it made a graph per block and ran the layers between them
+    eagerly), and the whitening bias's freeze compiles new graphs (recompile_on_requires_grad)."""
     net = make_net(arch['widths'], num_classes, arch['batchnorm_momentum'], arch['scaling_factor'])
     net = net.to(device=device, memory_format=torch.channels_last)
     if precision == 'fp16':
@@ -210,7 +222,9 @@ def build_net(arch, num_classes, device, precision):
         for module in net.modules():
             if isinstance(module, nn.BatchNorm2d):
                 module.float()
-    net.compile(mode='max-autotune' if device.type == 'cuda' else None, dynamic=False)
+    recompile_on_requires_grad()
+    net.forward = torch.compile(net.forward, mode='max-autotune' if device.type == 'cuda' else None,
+                                dynamic=False)
     return net
 
 def whitening_filters(images, kernel_size, eps):

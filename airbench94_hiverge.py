@@ -228,6 +228,15 @@ def compiles(device):
     on the CPU, where inductor's code was slower than eager (docs/cpu.md, "Speed")."""
     return device.type == 'cuda'
 
+def recompile_on_requires_grad():
+    """A new graph when a parameter's requires_grad changes (the whitening bias's freeze), as torch
+    2.5, 2.6 and 2.12 on make by default; 2.4 and 2.7 to 2.11 would reuse the graph that computes
+    the frozen bias's gradient (pytorch/pytorch#139476; docs/tests.md, "Torch versions")."""
+    if torch.__version__ < '2.5':
+        torch._dynamo.config.inline_inbuilt_nn_modules = True
+    elif '2.7' <= torch.__version__ < '2.12':
+        torch._dynamo.config.skip_tensor_guards_with_matching_dict_tags = False
+
 def build_net(arch, num_classes, device, precision):
     """make_net from hyp['net'], on the device in a precision recipe, channels_last. 'fp16': the
     CUDA recipe (fp16 weights and activations, BatchNorm in fp32); 'bf16': fp32 weights, bf16
@@ -241,6 +250,7 @@ def build_net(arch, num_classes, device, precision):
             if isinstance(module, nn.BatchNorm2d):
                 module.float()
     if compiles(device):
+        recompile_on_requires_grad()
         net.forward = torch.compile(net.forward, mode='max-autotune', dynamic=False)
     return net
 

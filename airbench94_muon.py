@@ -208,12 +208,26 @@ def reinitialize(net):
     init_head(net)
     net[0].bias.requires_grad = True
 
+def compiles(device):
+    """Whether the network and the Newton-Schulz iteration are compiled: on CUDA, as in the record;
+    not on the CPU, where inductor's code was slower than eager (docs/cpu.md, "Speed")."""
+    return device.type == 'cuda'
+
+def recompile_on_requires_grad():
+    """A new graph when a parameter's requires_grad changes (the whitening bias's freeze), as torch
+    2.5, 2.6 and 2.12 on make by default; 2.4 and 2.7 to 2.11 would reuse the graph that computes
+    the frozen bias's gradient (pytorch/pytorch#139476; docs/tests.md, "Torch versions")."""
+    if torch.__version__ < '2.5':
+        torch._dynamo.config.inline_inbuilt_nn_modules = True
+    elif '2.7' <= torch.__version__ < '2.12':
+        torch._dynamo.config.skip_tensor_guards_with_matching_dict_tags = False
+
 def build_net(arch, num_classes, device, precision):
-    """make_net from hyp['net'], on the device in a precision recipe, channels_last, compiled on
-    CUDA. 'fp16': the CUDA recipe (fp16 weights and activations, BatchNorm in fp32); 'bf16': fp32
-    weights, the forward pass under bf16 autocast (the CPU recipe, see train); 'fp32': plain fp32.
-    Compiled as airbench94_compiled.py compiles (static shapes, max-autotune's CUDA graphs); the
-    warmup run compiles every graph, so none compiles in a timed run."""
+    """make_net from hyp['net'], on the device in a precision recipe, channels_last, compiled where
+    compiles(device). 'fp16': the CUDA recipe (fp16 weights and activations, BatchNorm in fp32);
+    'bf16': fp32 weights, the forward pass under bf16 autocast (the CPU recipe, see train); 'fp32':
+    plain fp32. Compiled as airbench94_compiled.py compiles (its forward, static shapes,
+    max-autotune's CUDA graphs); the warmup run compiles every graph, none when timed."""
     net = make_net(arch['widths'], num_classes, arch['batchnorm_momentum'], arch['scaling_factor'])
     net = net.to(device=device, memory_format=torch.channels_last)
     if precision == 'fp16':
@@ -221,8 +235,9 @@ def build_net(arch, num_classes, device, precision):
         for module in net.modules():
             if isinstance(module, nn.BatchNorm2d):
                 module.float()
-    if device.type == 'cuda':
-        net.compile(mode='max-autotune', dynamic=False)
+    if compiles(device):
+        recompile_on_requires_grad()
+        net.forward = torch.compile(net.forward, mode='max-autotune', dynamic=False)
     return net
 
 # ------------------------------------------- Whitening --------------------------------------------
@@ -369,10 +384,10 @@ def train(data, hyp, device, precision, seed, net=None, epoch_eval=True, on_epoc
     reinitialize(net)
     filters, sgd_groups = optimizer_groups(net, opt['bias_lr'], opt['head_lr'],
                                            opt['weight_decay'], batch_size)
-    on_cuda = device.type == 'cuda'  # compiled and fused as the record; eager is faster on the CPU
-    sgd = torch.optim.SGD(sgd_groups, momentum=opt['momentum'], nesterov=True, fused=on_cuda)
+    fused = device.type == 'cuda'  # as the record; PyTorch's default implementation on the CPU
+    sgd = torch.optim.SGD(sgd_groups, momentum=opt['momentum'], nesterov=True, fused=fused)
     muon = Muon(filters, opt['filter_lr'], opt['filter_momentum'], opt['newton_schulz_steps'],
-                newton_schulz_dtype, compiled=on_cuda)
+                newton_schulz_dtype, compiled=compiles(device))
     groups = [*sgd.param_groups, *muon.param_groups]  # groups[0]: the whitening bias
     initial_lrs = [group['lr'] for group in groups]
     lr_multipliers = lr_schedule(total_steps)

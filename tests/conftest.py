@@ -18,6 +18,42 @@ SCRIPTS = [*PAPER_SCRIPTS, 'airbench94_muon', 'airbench94_hiverge']
 # airbench96_faster is not among them: tests/test_faster.py runs the per-script checks on it (at
 # small widths where they train, as its full-width end-to-end run alone would take a minute here)
 CPU = torch.device('cpu')
+# With its index: for a bare 'cuda', torch 2.4's Tensor.to asks the CUDA runtime for the current
+# device, which fails on a machine without a GPU driver (later versions answer without asking)
+FAKE_CUDA = torch.device('cuda', 0)
+
+
+def fake_cuda_indexes():
+    """Whether a fake CUDA tensor can be indexed here. Torch 2.4's indexing sets the tensor's
+    CUDA device first, through the CUDA runtime, even for a fake one: without a GPU driver, it
+    raises."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    try:
+        with FakeTensorMode():
+            torch.empty(2, 2, device=FAKE_CUDA)[:, 0]
+    except RuntimeError:
+        return False
+    return True
+
+
+def cpu_reflect_pads_fp16():
+    """Whether the CPU reflect-pads fp16 images in the loader's layout (torch 2.4's cannot)."""
+    images = torch.zeros(2, 4, 4, 3, dtype=torch.float16).permute(0, 3, 1, 2)
+    try:
+        torch.nn.functional.pad(images, (1,) * 4, mode='reflect')
+    except RuntimeError:
+        return False
+    return True
+
+
+# The checks that need them are skipped where this torch lacks them, saying why; on a GPU host, or
+# a later torch, they run (docs/tests.md, "Torch versions")
+needs_fake_cuda = pytest.mark.skipif(not fake_cuda_indexes(), reason=(
+    f'torch {torch.__version__} indexes a fake CUDA tensor through the CUDA runtime, and this '
+    'machine has no GPU driver'))
+needs_cpu_fp16_padding = pytest.mark.skipif(not cpu_reflect_pads_fp16(), reason=(
+    f"torch {torch.__version__}'s CPU kernels do not reflect-pad fp16 images, which the fp16 "
+    'recipe runs on the CPU here'))
 
 # A quick schedule on the synthetic image folder: 384 training images in batches of 64, 4 epochs
 QUICK = ['--hyp', 'opt.batch_size=64', '--epochs', '4', '--device', 'cpu', '--no-warmup']
@@ -99,6 +135,27 @@ def tiny_dataset(num_classes=2, per_class=32):
     split = {'images': images, 'labels': labels}
     return {'train': split, 'test': split, 'classes': [str(c) for c in range(num_classes)],
             'mean': (0.5,) * 3, 'std': (0.25,) * 3}
+
+
+def compile_with_backend(monkeypatch, backend):
+    """Make torch.compile, as the scripts call it, use this backend (their mode dropped: it would
+    pick inductor's options)."""
+    compile_function = torch.compile
+    monkeypatch.setattr(torch, 'compile', lambda model, mode=None, **kwargs:
+                        compile_function(model, backend=backend, **kwargs))
+
+
+def record_compiled_graphs(monkeypatch):
+    """Make torch.compile record every graph it compiles (the shapes of its tensor inputs: the
+    parameters, where a torch version passes them, and the data) and run it eagerly."""
+    graphs = []
+
+    def recording_backend(graph_module, example_inputs):
+        graphs.append([tuple(t.shape) for t in example_inputs if isinstance(t, torch.Tensor)])
+        return graph_module.forward
+
+    compile_with_backend(monkeypatch, recording_backend)
+    return graphs
 
 
 def run_script(name, *args, timeout=600):

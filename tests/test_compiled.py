@@ -2,9 +2,9 @@
 static shapes."""
 import pytest
 import torch
-from torch import nn
 
-from conftest import QUICK, load_script, run_script, summary_of, tiny_dataset
+from conftest import (QUICK, load_script, record_compiled_graphs, run_script, summary_of,
+                      tiny_dataset)
 
 # Pinned to fp32: compiled kernels sum in another order than eager ones, so each op's result can
 # differ in the last bits (~1e-7 relative); over these 4 epochs the per-epoch mean losses differed
@@ -47,18 +47,12 @@ def test_every_graph_static_and_compiled_in_the_warmup(tmp_path, monkeypatch, se
                                                         graph_count):
     """Evaluation batches of two sizes (2000 and a remainder) and the whitening-bias freeze: with
     dynamo's automatic dynamic shapes the second size met would recompile the graph with a symbolic
-    batch size. A recording backend sees each graph's example inputs."""
+    batch size. A recording backend sees each graph's example inputs. Each graph is the whole
+    network, from the images on: torch versions before 2.14 split net.compile()'s network into one
+    graph per block (docs/tests.md, "Torch versions")."""
     torch._dynamo.reset()  # graphs of earlier tests would count toward dynamo's recompile limit
     compiled = load_script('airbench94_compiled')
-    graphs = []
-
-    def recording_backend(graph_module, example_inputs):
-        graphs.append([tuple(t.shape) for t in example_inputs if isinstance(t, torch.Tensor)])
-        return graph_module.forward
-
-    compile_module = nn.Module.compile
-    monkeypatch.setattr(nn.Module, 'compile', lambda self, mode=None, **kwargs:
-                        compile_module(self, backend=recording_backend, **kwargs))
+    graphs = record_compiled_graphs(monkeypatch)
     data = tiny_dataset(per_class=32)
     test = tiny_dataset(per_class=1050)['train']  # 2100 test images: batches of 2000 and 100
     monkeypatch.setattr(compiled, 'load_dataset', lambda *args, **kwargs: {**data, 'test': test})
@@ -72,9 +66,9 @@ def test_every_graph_static_and_compiled_in_the_warmup(tmp_path, monkeypatch, se
                                                                      (True, 5))
     assert summary['graphs_compiled_in_warmup'] == len(graphs) == graph_count
     assert summary['runs'][0]['graphs_compiled_since_warmup'] == 0
-    batch_sizes = sorted({shape[0] for shapes in graphs for shape in shapes
-                          if tuple(shape[1:]) == (3, 32, 32)})  # the images among the inputs
-    assert batch_sizes == [32, 100, 2000]
+    images = [[shape for shape in shapes if shape[1:] == (3, 32, 32)] for shapes in graphs]
+    assert all(len(batch) == 1 for batch in images)  # every graph starts from the images
+    assert sorted({batch[0][0] for batch in images}) == [32, 100, 2000]
     symbolic = [size for shapes in graphs for shape in shapes for size in shape
                 if isinstance(size, torch.SymInt)]
     assert symbolic == []

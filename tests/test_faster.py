@@ -14,7 +14,8 @@ import torch.nn.functional as F
 
 import test_layout
 import test_method
-from conftest import CPU, QUICK, REPO, load_script, run_script, summary_of, tiny_dataset, with_hyp
+from conftest import (CPU, QUICK, REPO, load_script, needs_cpu_fp16_padding, needs_fake_cuda,
+                      run_script, summary_of, tiny_dataset, with_hyp)
 
 NAME = 'airbench96_faster'
 
@@ -344,6 +345,7 @@ def test_whole_training_step_on_the_meta_device_in_the_cuda_recipe(faster):
     assert logits.shape == (10, 10) and logits.dtype == torch.float32
 
 
+@needs_fake_cuda
 def test_stream_and_selection_on_fake_cuda(faster):
     """FakeTensorMode raises on .item() and on shapes that depend on data (a boolean mask): the
     record's masking would raise here, ours runs. (Its backward pass cannot run on fake CUDA
@@ -373,6 +375,7 @@ def test_stream_and_selection_on_fake_cuda(faster):
             inputs[mask]
 
 
+@needs_cpu_fp16_padding
 def test_no_host_synchronization_inside_the_timed_region(faster, monkeypatch):
     from test_cuda_path import HostSyncRecorder, timed_region_tracker
     recorder = HostSyncRecorder()

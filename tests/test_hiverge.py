@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from conftest import CPU, load_script, summary_of, tiny_dataset, with_hyp
+from conftest import (CPU, FAKE_CUDA, load_script, needs_cpu_fp16_padding, needs_fake_cuda,
+                      summary_of, tiny_dataset, with_hyp)
 
 NAME = 'airbench94_hiverge'
 # Every 3x3 filter bank of the network, flattened to out_channels x (in_channels * 9), in order
@@ -383,6 +384,7 @@ def test_whole_training_step_on_the_meta_device_in_the_cuda_recipe(hiverge):
     assert logits.shape == (10, 10) and logits.dtype == torch.float32
 
 
+@needs_fake_cuda
 def test_loader_whitening_muon_and_selective_tta_on_fake_cuda(hiverge):
     """FakeTensorMode raises on a CPU tensor mixed in and on .item() or data-dependent shapes:
     topk, its indexing and index_copy need neither."""
@@ -392,8 +394,8 @@ def test_loader_whitening_muon_and_selective_tta_on_fake_cuda(hiverge):
     net = fake_cuda(hiverge.build_net({**hiverge.hyp['net'], 'widths': SMALL}, 10, CPU, 'fp16'),
                     mode)
     with mode:
-        images = torch.empty(300, 32, 32, 3, dtype=torch.uint8, device='cuda')
-        labels = torch.empty(300, dtype=torch.int64, device='cuda')
+        images = torch.empty(300, 32, 32, 3, dtype=torch.uint8, device=FAKE_CUDA)
+        labels = torch.empty(300, dtype=torch.int64, device=FAKE_CUDA)
         loader = hiverge.CifarLoader(images, labels, 64, (0.5,) * 3, (0.25,) * 3,
                                      hiverge.hyp['aug'], torch.float16)
         for _ in range(2):  # the first epoch (flip, pad) and a later one
@@ -412,6 +414,7 @@ def test_loader_whitening_muon_and_selective_tta_on_fake_cuda(hiverge):
         assert logits.shape == (300, 10) and logits.device.type == 'cuda'
 
 
+@needs_cpu_fp16_padding
 def test_no_host_synchronization_inside_the_timed_region(hiverge, monkeypatch):
     from test_cuda_path import HostSyncRecorder, timed_region_tracker
     recorder = HostSyncRecorder()

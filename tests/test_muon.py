@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from conftest import CPU, load_script, tiny_dataset, with_hyp
+from conftest import (CPU, load_script, needs_cpu_fp16_padding, needs_fake_cuda,
+                      record_compiled_graphs, summary_of, tiny_dataset, with_hyp)
 
 # Every 3x3 filter bank of the network, flattened to out_channels x (in_channels * 9): all wide.
 # The tests also take each one transposed (tall).
@@ -150,13 +151,10 @@ def test_schedules_decay_linearly_to_zero_and_the_whitening_bias_freezes(muon, m
 
 
 def test_whole_training_step_on_the_meta_device_in_the_cuda_recipe(muon, monkeypatch):
-    compile_module = nn.Module.compile
-    compiled = []
-    monkeypatch.setattr(nn.Module, 'compile', lambda self, mode=None, **kwargs: compiled.append(
-        mode) or compile_module(self, backend='aot_eager', **kwargs))
+    # the meta device is not CUDA: eager, like the CPU
+    monkeypatch.setattr(torch, 'compile', lambda *args, **kwargs: pytest.fail('compiled on meta'))
     meta = torch.device('meta')
     net = muon.build_net(muon.hyp['net'], 10, meta, 'fp16')
-    assert compiled == []  # the meta device is not CUDA: eager, like the CPU
     expected = {name: torch.float32 if 'norm' in name else torch.float16
                 for name, _ in net.named_parameters()}
     assert {name: p.dtype for name, p in net.named_parameters()} == expected
@@ -182,6 +180,7 @@ def test_whole_training_step_on_the_meta_device_in_the_cuda_recipe(muon, monkeyp
     assert logits.shape == (10, 10) and logits.dtype == torch.float32
 
 
+@needs_fake_cuda
 def test_whitening_tta_and_muon_step_on_fake_cuda(muon):
     from torch._subclasses.fake_tensor import FakeTensorMode
     from test_cuda_path import fake_cuda
@@ -199,6 +198,7 @@ def test_whitening_tta_and_muon_step_on_fake_cuda(muon):
         assert all(w.device.type == 'cuda' and w.dtype == torch.float16 for w in filters)
 
 
+@needs_cpu_fp16_padding
 def test_no_host_synchronization_inside_the_timed_region(muon, monkeypatch):
     from test_cuda_path import HostSyncRecorder, timed_region_tracker
     recorder = HostSyncRecorder()
@@ -253,3 +253,28 @@ def test_compiled_orthogonalization_compiles_in_the_warmup_and_never_in_a_timed_
                 assert torch.allclose(compiled.orthogonalize(matrix, 3, torch.float32),
                                       muon.orthogonalize(matrix, 3, torch.float32), atol=1e-5)
     assert muon.compiled_graph_count() - before == 4
+
+
+def test_cuda_compilation_compiles_whole_network_graphs_all_in_the_warmup(muon, monkeypatch,
+                                                                        tmp_path):
+    """What compiles on CUDA, compiled here on the CPU by a recording backend: main()'s warmup
+    compiles the network once per whitening-bias state (trainable, frozen: the freeze is in the
+    graph's guards) in training and in evaluation (4), each graph the whole network from the
+    images on (torch before 2.14 split net.compile()'s network into a graph per block), and the
+    Newton-Schulz iteration once per filter shape (4); a timed run compiles nothing. (Evaluation
+    batch sizes: test_compiled.py.)"""
+    torch._dynamo.reset()  # graphs of earlier tests would count toward dynamo's recompile limit
+    monkeypatch.setattr(muon, 'compiles', lambda device: True)
+    graphs = record_compiled_graphs(monkeypatch)
+    monkeypatch.setattr(muon, 'load_dataset', lambda *args, **kwargs: tiny_dataset(per_class=32))
+    assert muon.main(['--runs', '1', '--seed', '0', '--hyp', 'opt.batch_size=32', '--epochs', '2',
+                      '--hyp', 'opt.whiten_bias_epochs=1', '--device', 'cpu', '--precision',
+                      'fp32', '--log-dir', str(tmp_path)]) == 0
+    summary = summary_of(tmp_path)
+    assert summary['graphs_compiled_in_warmup'] == len(graphs) == 8
+    assert summary['runs'][0]['graphs_compiled_since_warmup'] == 0
+    images = [[shape for shape in shapes if shape[1:] == (3, 32, 32)] for shapes in graphs]
+    network = [batch[0][0] for batch in images if len(batch) == 1]
+    assert sorted(network) == [32, 32, 64, 64]  # training batches, the 64 test images
+    matrices = sorted(shapes[-1] for shapes, batch in zip(graphs, images) if not batch)
+    assert matrices == sorted(FILTER_SHAPES)
