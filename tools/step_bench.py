@@ -73,6 +73,26 @@ def compile_for_mode(module, net, device, mode):
                                 backend=functools.partial(compile_fx, decompositions=table))
 
 
+def orthogonalization_step(module, device, dtype, compiled):
+    """One Muon step's orthogonalization as the script runs it, on random updates:
+    airbench94_hiverge's of its six filter banks zero-padded to one shape, airbench94_muon's bank
+    by bank."""
+    arch = module.hyp['net']
+    net = module.make_net(arch['widths'], 10, arch['batchnorm_momentum'], arch['scaling_factor'])
+    shapes = [(p.size(0), p[0].numel()) for p in net.parameters()
+              if p.ndim == 4 and p.requires_grad]
+    steps = module.hyp['opt']['newton_schulz_steps']
+    orthogonalize = module.orthogonalize
+    if compiled:
+        orthogonalize = torch.compile(orthogonalize, dynamic=False)
+    if 'renormalization_steps' in vars(module):  # all banks at once
+        rows, cols = max(r for r, _ in shapes), max(c for _, c in shapes)
+        padded = torch.randn(len(shapes), rows, cols, device=device, dtype=dtype)
+        return lambda: orthogonalize(padded, steps)
+    updates = [torch.randn(shape, device=device) for shape in shapes]
+    return lambda: [orthogonalize(update, steps, dtype) for update in updates]
+
+
 def peak_resident_gib():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KiB
 
@@ -118,6 +138,9 @@ def main():
     parser.add_argument('--profile', action='store_true')
     parser.add_argument('--glibc-malloc-defaults', action='store_true',
                         help="skip keep_freed_memory_in_process (glibc's defaults)")
+    parser.add_argument('--newton-schulz', metavar='DTYPES', help="a Muon script's "
+                        'orthogonalization of one step instead, in each dtype (e.g. '
+                        'bfloat16,float32), per --mode')
     args = parser.parse_args()
 
     module = importlib.import_module(args.script)
@@ -136,15 +159,17 @@ def main():
           f'glibc malloc {"defaults" if args.glibc_malloc_defaults else "keeping freed memory"}, '
           f'whitening bias '
           f'{"frozen" if args.frozen_bias else "trainable"}')
-    steps_by_mode = {}
-    for mode in modes:
+    steps_by_mode = {f'{dtype} {mode}': orthogonalization_step(
+        module, device, getattr(torch, dtype), mode != 'eager')
+        for dtype in (args.newton_schulz or '').split(',') if dtype for mode in modes}
+    for mode in ([] if args.newton_schulz else modes):
         net, optimizer, loss_fn, inputs, labels = build(module, device, precision, args.batch_size)
         net[0].bias.requires_grad = not args.frozen_bias
         if mode != 'eager':
             compile_for_mode(module, net, device, mode)
         steps_by_mode[mode] = make_step(net, optimizer, loss_fn, inputs, labels, autocast)
     seconds = time_round_robin(module, steps_by_mode, device, args.warmup, args.steps)
-    for mode in modes:
+    for mode in steps_by_mode:
         print(f'{mode:24s} median {statistics.median(seconds[mode]):.3f} s/step  '
               f'min {min(seconds[mode]):.3f}  max {max(seconds[mode]):.3f}  '
               f'(n {len(seconds[mode])})')
