@@ -32,6 +32,7 @@ Usage: python tools/hiverge_equivalence.py PATH/cifar10_speedrun.py --data-dir D
 Prints one JSON line per check.
 """
 import argparse
+import functools
 import json
 import os
 import sys
@@ -76,9 +77,16 @@ def largest_difference(tensors, others):
                default=0.0)
 
 
+@functools.cache
+def our_state_names():
+    """Our network's state dict entries, in order (built once: our_run's stand-in for reinitialize
+    loads a state through these names, and building a network calls reinitialize)."""
+    return list(ours.build_net(ours.hyp['net'], 10, CPU, PRECISION).state_dict())
+
+
 def our_state(their_state):
     """Their state dict under our names (the same entries in the same order, checked)."""
-    names = list(ours.build_net(ours.hyp['net'], 10, CPU, PRECISION).state_dict())
+    names = our_state_names()
     assert len(names) == len(their_state)
     return dict(zip(names, their_state.values()))
 
@@ -281,6 +289,7 @@ def our_run(kept, data, epochs, keep_steps, matched):
         def __init__(self, params, **kwargs):
             super().__init__(params, **{**kwargs, 'fused': True})
 
+    our_state_names()  # before the stand-ins
     replay = Replay(kept, ours.hyp['opt']['batch_size'])
     stand_ins = dict(reinitialize=reinitialize_from, init_whitening=whitening_from,
                      CifarLoader=lambda *args, **kwargs: replay, Muon=KeepingMuon)
