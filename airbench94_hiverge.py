@@ -224,8 +224,8 @@ def reinitialize(net):
     net[0].bias.requires_grad = True
 
 def compiles(device):
-    """Whether the network and the Newton-Schulz iteration are compiled: on CUDA, as published; not
-    on the CPU, where inductor's code was slower than eager (docs/cpu.md, "Speed")."""
+    """Whether the network and the Newton-Schulz iteration are compiled: on CUDA, as in the record;
+    not on the CPU, where inductor's code was slower than eager (docs/cpu.md, "Speed")."""
     return device.type == 'cuda'
 
 def recompile_on_requires_grad():

@@ -4,7 +4,8 @@ Every script is its method, then one banner ("Running the script: identical in a
 scripts"), then the code that runs it. Below the banner the scripts are byte-identical. Above it, a
 top-level block (function, class, assignment) that two scripts both define must be the same text in
 both, except the blocks listed in METHOD_DIFFERENCES: there the method differs, and each script's
-header lists those changes.
+header lists those changes. A block that airbench94.py lacks but several scripts share
+(SHARED_BEYOND_REFERENCE) must be the same text in each.
 
 Usage: python tools/shared_blocks.py          report the layout and what differs from airbench94.py
        python tools/shared_blocks.py --sync   rewrite the other scripts with airbench94.py's shared
@@ -29,6 +30,11 @@ METHOD_DIFFERENCES = {
                            'reinitialize', 'build_net', 'init_whitening', 'LookaheadState',
                            'lookahead_decay', 'infer', 'decoupled_sgd_groups', 'lr_schedule',
                            'train'},
+}
+# Blocks that airbench94.py lacks but several scripts share: identical in each, as the first has it
+SHARED_BEYOND_REFERENCE = {
+    'recompile_on_requires_grad': ['airbench94_compiled', 'airbench94_muon', 'airbench94_hiverge'],
+    'compiles': ['airbench94_muon', 'airbench94_hiverge'],
 }
 BANNER_PHRASE = 'identical in all the airbench scripts'
 LIMITS = {'method': 400, 'whole': 700}  # airbench94.py's, in lines (the method-first issue)
@@ -87,6 +93,9 @@ def differences(name):
             problems.append(f'{name}: lacks the shared block {key!r}')
         elif key not in allowed and own_blocks.get(key) != text:
             problems.append(f'{name}: block {key!r} differs from {REFERENCE}.py')
+    for key, names in SHARED_BEYOND_REFERENCE.items():
+        if name in names[1:] and own_blocks.get(key) != blocks(split(read(names[0]))[1]).get(key):
+            problems.append(f'{name}: block {key!r} differs from {names[0]}.py')
     shared_order = [k for k in own_blocks if k in reference_blocks]
     if shared_order != [k for k in reference_blocks if k in own_blocks]:
         problems.append(f'{name}: shared blocks are in another order than in {REFERENCE}.py')
