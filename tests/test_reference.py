@@ -149,3 +149,42 @@ def test_a_script_without_hyp_making_cuda_tensors_runs_with_its_schedule_fitted(
     result = run_tool(str(script), image_folder, str(tmp_path / 'work'), '--no-warmup')
     assert [line for line in result.stdout.splitlines() if line.startswith('final')] == ['final 1']
     assert 'steps 16 1 order cpu' in result.stdout  # its 7.65 epochs
+
+
+# Draws from torch's and Python's generators, as the published scripts make them unseeded
+DRAWING_STAND_IN = '''
+import random
+import torch
+from torch import nn
+
+def make_net():
+    return nn.Linear(2, 2).cuda()
+
+def print_training_details(variables, is_final_entry):
+    pass
+
+def main(run, model):
+    total_time_seconds, tta_val_acc = 1.0, 0.5
+    print('draws', torch.rand(1).item(), random.random())
+    print_training_details(locals(), is_final_entry=True)
+
+if __name__ == '__main__':
+    model = make_net()
+    for run in range(25):
+        main(run, model)
+'''
+
+
+def test_seed_sets_the_draws_of_a_script_that_seeds_nothing(image_folder, tmp_path):
+    script = tmp_path / 'published.py'
+    script.write_text(DRAWING_STAND_IN)
+    def draws(*flags):
+        result = run_tool(str(script), image_folder, str(tmp_path / 'work'), '--no-warmup', *flags)
+        assert result.returncode == 0, result.stderr
+        lines = result.stdout.splitlines()
+        return [line for line in lines if line.startswith('draws')], json.loads(lines[-1])['seed']
+    first, seed = draws('--seed', '1')
+    assert seed == 1 and draws('--seed', '1')[0] == first
+    assert draws('--seed', '2')[0] != first
+    assert draws()[0] != draws()[0]  # unseeded, each process draws its own
+    assert draws('--runs', '2', '--seed', '1')[0][1] != first[0]

@@ -22,6 +22,9 @@ They are CUDA-only as written. Here, and nothing else changes:
   inductor's CPU code was slower); a compiled module is the module itself, reachable as ._orig_mod;
 - CUDA events read time.perf_counter() at the same points; torch.cuda.synchronize, empty_cache and
   _sleep do nothing;
+- --seed S seeds torch's and Python's generators with S before the script runs, which makes a run
+  of a published script repeatable on a CPU (they seed nothing, or from an unseeded generator, so
+  without --seed each run draws its own seed);
 - --epochs E sets the script's hyp['opt']['train_epochs'] as our --epochs sets ours (the Muon
   record and hiverge's script have no hyp: the 8 of total_train_steps = ceil(8 *
   len(train_loader)), or its 7.65, becomes E);
@@ -33,7 +36,7 @@ They are CUDA-only as written. Here, and nothing else changes:
 Its data: our loader's tensor cache of --data-dir (load_dataset of airbench94.py), written as the
 script's ./cifar10/{train,test}.pt in --workdir, where its logs go too.
 
-Usage: python tools/reference.py SCRIPT.py --data-dir DIR [--runs 1] [--epochs E]
+Usage: python tools/reference.py SCRIPT.py --data-dir DIR [--runs 1] [--seed S] [--epochs E]
            [--precision auto|bf16|fp32] [--no-warmup] [--workdir /tmp/airbench-reference]
 e.g.   python tools/reference.py ~/cifar10-airbench/airbench96_faster.py --data-dir DIR --runs 2
 Prints the script's own per-epoch table, then one JSON line per run and a JSON summary line (mean
@@ -44,6 +47,7 @@ import ast
 import importlib.util
 import json
 import os
+import random
 import re
 import sys
 import time
@@ -172,6 +176,7 @@ def main():
     parser.add_argument('script', help='path of the published script (see above)')
     parser.add_argument('--data-dir', required=True, help="CIFAR-10 as our scripts' --data-dir")
     parser.add_argument('--runs', type=int, default=1)
+    parser.add_argument('--seed', type=int, help="torch's and Python's generators' seed (above)")
     parser.add_argument('--epochs', type=float, help="the script's schedule fitted to E epochs")
     parser.add_argument('--precision', choices=['auto', 'bf16', 'fp32'], default='auto')
     parser.add_argument('--warmup', action=argparse.BooleanOptionalAction, default=True)
@@ -195,6 +200,9 @@ def main():
     sys.argv = [path]  # the scripts read their own source from argv[0]
     os.chdir(args.workdir)  # and the data from ./cifar10/
     script = {'__name__': '__main__', '__file__': path, '__runs__': args.runs}
+    if args.seed is not None:
+        torch.manual_seed(args.seed)
+        random.seed(args.seed)
     exec(compile(definitions, path, 'exec'), script)
 
     if args.epochs is not None:
@@ -250,7 +258,7 @@ def main():
     exec(compile(block, path, 'exec'), script)
     mean = lambda key: sum(r[key] for r in results) / len(results)
     print(json.dumps({'script': os.path.basename(path), 'runs': len(results),
-                      'epochs': args.epochs, 'precision': precision,
+                      'seed': args.seed, 'epochs': args.epochs, 'precision': precision,
                       'warmup': args.warmup and has_warmup, 'mean_tta_acc': mean('tta_acc'),
                       'mean_timed_seconds': mean('timed_seconds'),
                       'mean_wall_seconds': mean('wall_seconds'), 'torch': torch.__version__}))
