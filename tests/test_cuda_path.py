@@ -92,8 +92,8 @@ def test_loader_whitening_lookahead_and_tta_on_fake_cuda(ab94):
     net = fake_cuda(ab94.build_net(ab94.hyp['net'], 10, CPU, 'fp16'), mode)
     hyp = with_hyp(ab94.hyp, aug__cutout=8)  # every augmentation on
     with mode:
-        images = torch.empty(300, 32, 32, 3, dtype=torch.uint8, device='cuda')
-        labels = torch.empty(300, dtype=torch.int64, device='cuda')
+        images = torch.empty(300, 32, 32, 3, dtype=torch.uint8, device=FAKE_CUDA)
+        labels = torch.empty(300, dtype=torch.int64, device=FAKE_CUDA)
         for sampling in ('reshuffle', 'replacement'):
             loader = ab94.CifarLoader(images, labels, 64, (0.5,) * 3, (0.25,) * 3, hyp['aug'],
                                       torch.float16, sampling=sampling)
@@ -111,7 +111,7 @@ def test_loader_whitening_lookahead_and_tta_on_fake_cuda(ab94):
         assert logits.shape == (300, 10) and logits.device.type == 'cuda'
 
         # The controls: what this mode raises on (a CPU tensor mixed in, where a CUDA one is fine)
-        images.float() + torch.ones(32, 32, 3, device='cuda')
+        images.float() + torch.ones(32, 32, 3, device=FAKE_CUDA)
         with pytest.raises(RuntimeError):
             images.float() + torch.ones(32, 32, 3)
         with pytest.raises(DataDependentOutputException):

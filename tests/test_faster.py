@@ -14,8 +14,8 @@ import torch.nn.functional as F
 
 import test_layout
 import test_method
-from conftest import (CPU, QUICK, REPO, load_script, needs_cpu_fp16_padding, needs_fake_cuda,
-                      run_script, summary_of, tiny_dataset, with_hyp)
+from conftest import (CPU, FAKE_CUDA, QUICK, REPO, load_script, needs_cpu_fp16_padding,
+                      needs_fake_cuda, run_script, summary_of, tiny_dataset, with_hyp)
 
 NAME = 'airbench96_faster'
 
@@ -356,8 +356,8 @@ def test_stream_and_selection_on_fake_cuda(faster):
     hyp = small(faster.hyp)
     proxy = fake_cuda(faster.build_net(hyp['proxy'], 10, CPU, 'fp16'), mode)
     with mode, torch.no_grad():
-        images = torch.empty(300, 32, 32, 3, dtype=torch.uint8, device='cuda')
-        labels = torch.empty(300, dtype=torch.int64, device='cuda')
+        images = torch.empty(300, 32, 32, 3, dtype=torch.uint8, device=FAKE_CUDA)
+        labels = torch.empty(300, dtype=torch.int64, device=FAKE_CUDA)
         loader = faster.CifarLoader(images, labels, 64, (0.5,) * 3, (0.25,) * 3, hyp['aug'],
                                     torch.float16)
         batches = [batch for _, batch in zip(range(10), loader)]  # 640 images: 2 epochs and more
@@ -370,7 +370,7 @@ def test_stream_and_selection_on_fake_cuda(faster):
             assert inputs[selected].shape == (32, 3, 32, 32)
             assert losses.gather(0, selected).sum().shape == ()
         with pytest.raises(DynamicOutputShapeException):  # the control: the record's mask
-            mask = torch.zeros(64, dtype=torch.bool, device='cuda')
+            mask = torch.zeros(64, dtype=torch.bool, device=FAKE_CUDA)
             mask[losses.argsort()[-32:]] = True
             inputs[mask]
 

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from conftest import (CPU, load_script, needs_cpu_fp16_padding, needs_fake_cuda,
+from conftest import (CPU, FAKE_CUDA, load_script, needs_cpu_fp16_padding, needs_fake_cuda,
                       record_compiled_graphs, summary_of, tiny_dataset, with_hyp)
 
 # Every 3x3 filter bank of the network, flattened to out_channels x (in_channels * 9): all wide.
@@ -187,7 +187,7 @@ def test_whitening_tta_and_muon_step_on_fake_cuda(muon):
     mode = FakeTensorMode()
     net = fake_cuda(muon.build_net(muon.hyp['net'], 10, CPU, 'fp16'), mode)
     with mode:
-        images = torch.empty(300, 3, 32, 32, dtype=torch.float16, device='cuda')
+        images = torch.empty(300, 3, 32, 32, dtype=torch.float16, device=FAKE_CUDA)
         muon.init_whitening(net[0], images[:200], 5e-4)
         filters, _ = muon.optimizer_groups(net, 0.053, 0.67, 2e-6, 16)
         for weight in filters:

@@ -14,6 +14,8 @@ steps vary by 10% here) falls on all of them alike.
 
 Usage: python tools/step_bench.py [--script airbench94] [--mode eager,compiled,...]
                                   [--steps 5] [--profile] [--batch-size 1024]
+       python tools/step_bench.py --script airbench94_hiverge --newton-schulz bfloat16,float32
+           (a Muon script's orthogonalization of one step alone, per dtype and --mode)
 """
 import argparse
 import functools
@@ -71,6 +73,15 @@ def compile_for_mode(module, net, device, mode):
     table = {op: fn for op, fn in select_decomp_table().items() if op not in kept_in_aten}
     net.forward = torch.compile(net.forward,
                                 backend=functools.partial(compile_fx, decompositions=table))
+
+
+def training_step(module, device, precision, batch_size, frozen_bias, mode, autocast):
+    """One training step of the script's network on random data, eager or compiled per mode."""
+    net, optimizer, loss_fn, inputs, labels = build(module, device, precision, batch_size)
+    net[0].bias.requires_grad = not frozen_bias
+    if mode != 'eager':
+        compile_for_mode(module, net, device, mode)
+    return make_step(net, optimizer, loss_fn, inputs, labels, autocast)
 
 
 def orthogonalization_step(module, device, dtype, compiled):
@@ -154,20 +165,21 @@ def main():
     unknown = [mode for mode in modes if mode not in MODES]
     if unknown:
         parser.error(f'unknown --mode {",".join(unknown)}: choose from {", ".join(MODES)}')
+    dtypes = args.newton_schulz.split(',') if args.newton_schulz else []
+    if any(not isinstance(getattr(torch, dtype, None), torch.dtype) for dtype in dtypes):
+        parser.error(f'--newton-schulz {args.newton_schulz}: torch dtypes, e.g. bfloat16,float32')
     print(f'{args.script}: batch {args.batch_size}, {device}, precision {precision}, '
           f'threads {torch.get_num_threads()}, '
           f'glibc malloc {"defaults" if args.glibc_malloc_defaults else "keeping freed memory"}, '
           f'whitening bias '
           f'{"frozen" if args.frozen_bias else "trainable"}')
-    steps_by_mode = {f'{dtype} {mode}': orthogonalization_step(
-        module, device, getattr(torch, dtype), mode != 'eager')
-        for dtype in (args.newton_schulz or '').split(',') if dtype for mode in modes}
-    for mode in ([] if args.newton_schulz else modes):
-        net, optimizer, loss_fn, inputs, labels = build(module, device, precision, args.batch_size)
-        net[0].bias.requires_grad = not args.frozen_bias
-        if mode != 'eager':
-            compile_for_mode(module, net, device, mode)
-        steps_by_mode[mode] = make_step(net, optimizer, loss_fn, inputs, labels, autocast)
+    if args.newton_schulz:
+        steps_by_mode = {f'{dtype} {mode}': orthogonalization_step(
+            module, device, getattr(torch, dtype), mode != 'eager')
+            for dtype in dtypes for mode in modes}
+    else:
+        steps_by_mode = {mode: training_step(module, device, precision, args.batch_size,
+                                             args.frozen_bias, mode, autocast) for mode in modes}
     seconds = time_round_robin(module, steps_by_mode, device, args.warmup, args.steps)
     for mode in steps_by_mode:
         print(f'{mode:24s} median {statistics.median(seconds[mode]):.3f} s/step  '
