@@ -7,8 +7,10 @@ import json
 import os
 import time
 
-from .files import atomic_write, failure_path, finished_runs, outputs_path, record_path
-from .records import Message
+from .config import Study
+from .files import (Damaged, atomic_write, failure_path, outputs_path, read_failures,
+                    record_path, scan_runs, set_aside)
+from .records import FailedTry, Message
 
 
 class Collector:
@@ -22,12 +24,25 @@ class Collector:
         self.finished_before = plan['total'] - len(plan['jobs'])
         self.start_time = time.perf_counter()
         self.claimed, self.outstanding, self.done_below = 0, set(), 0
-        on_disk = finished_runs(study_dir, {config for config, _ in self.jobs})
+        study = Study.read(study_dir)
+        on_disk = scan_runs(study_dir, study)[0] if study is not None else {}
         for index, (config, run) in enumerate(self.jobs):  # a rank 0 that replaces another
             if (config, run) in on_disk:
                 self.written.add(index)
                 self.store.set(f'done/{index}', '1')
+            elif self.store.check(f'done/{index}'):  # failed in this launch: its try is written
+                self.failed[index] = self.last_try(config, run)
         self.advance()
+
+    def last_try(self, config, run):
+        """The failed try of a run, as the rank 0 that this one replaces wrote it."""
+        try:
+            return FailedTry.from_json(read_failures(
+                failure_path(self.study_dir, config, run))['failures'][-1])
+        except (ValueError, KeyError, TypeError, IndexError):
+            return FailedTry(config=config, run=run, error_type='unknown', error='its tries '
+                             'could not be read', rank=-1, host='', device='', device_model='',
+                             launch='', finished='')
 
     def all_done(self):
         return len(self.written) + len(self.failed) == len(self.jobs)
@@ -75,31 +90,39 @@ class Collector:
         record = message.record
         path = record_path(self.study_dir, record.config, record.run)
         os.makedirs(os.path.dirname(path), exist_ok=True)
+        key = f'outputs/{index}/{holder}'
         if message.has_outputs:  # before the record: a record means the run is complete
-            key = f'outputs/{index}/{holder}'
             atomic_write(outputs_path(self.study_dir, record.config, record.run),
                          self.store.get_large(key))
-            self.store.delete_large(key)
         failures = failure_path(self.study_dir, record.config, record.run)
         if os.path.exists(failures):  # a run that failed in an earlier launch, done now
-            with open(failures) as f:
-                record.earlier_failures = len(json.load(f)['failures'])
-            os.remove(failures)
+            record.earlier_failures = len(self.earlier_tries(failures))
         atomic_write(path, json.dumps(record.to_json(), indent=2))
+        if message.has_outputs:  # kept in the store until then: a failed write can be retried
+            self.store.delete_large(key)
+        if os.path.exists(failures):
+            os.remove(failures)
         self.written.add(index)
         self.progress(record)
 
     def write_failure(self, index, record):
         path = failure_path(self.study_dir, record.config, record.run)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        failures = []
-        if os.path.exists(path):
-            with open(path) as f:
-                failures = json.load(f)['failures']
+        failures = self.earlier_tries(path) if os.path.exists(path) else []
         atomic_write(path, json.dumps(dict(config=record.config, run=record.run,
                                            failures=[*failures, record.to_json()]), indent=2))
         self.failed[index] = record
         self.progress(record)
+
+    def earlier_tries(self, path):
+        """The tries a RUN.failed.json holds; one that cannot be read is set aside (kept) and
+        counts none."""
+        try:
+            return read_failures(path)['failures']
+        except ValueError as error:
+            relative = os.path.relpath(path, self.study_dir)
+            set_aside(self.study_dir, [Damaged(relative, 'unreadable', str(error))])
+            return []
 
     def finished(self):
         """Finished runs of this launch's configurations, those of earlier launches included."""

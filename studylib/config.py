@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 
 from .errors import StudyError
-from .files import atomic_write, read_json
+from .files import atomic_write, load_json, read_json
 
 
 def as_json(value):
@@ -56,6 +56,8 @@ class Study:
     commands: list = field(default_factory=list)
     launches: list = field(default_factory=list)
     target: float | None = None
+    # Not stored: why study.json could not be read, where the study was read from its copy
+    damaged: str | None = field(default=None, compare=False)
 
     def to_json(self):
         content = dict(settings=as_json(self.settings),
@@ -80,13 +82,34 @@ class Study:
     def path(study_dir):
         return os.path.join(study_dir, 'study.json')
 
+    @staticmethod
+    def copy_path(study_dir):
+        """study.json's copy, written after it: a file cut short (an interrupted copy of DIR)
+        leaves the other whole."""
+        return os.path.join(study_dir, 'study.backup.json')
+
     @classmethod
     def read(cls, study_dir):
-        """The study in study_dir, or None where there is none yet."""
-        path = cls.path(study_dir)
-        if not os.path.exists(path):
+        """The study in study_dir, or None where there is none yet. A study.json that cannot be
+        read is read from its copy, and `damaged` says why; with no intact copy, StudyError."""
+        path, copy = cls.path(study_dir), cls.copy_path(study_dir)
+        if not os.path.exists(path) and not os.path.exists(copy):
             return None
-        return cls.from_json(read_json(path, 'use another --study-dir, or restore it'), path)
+        try:
+            content = load_json(path)
+        except ValueError as problem:  # cut short, or absent: its copy is whole
+            error = f'{path} is unreadable ({problem})'
+            if not os.path.exists(copy):
+                raise StudyError(f'{error}, and it has no copy ({copy}) to read instead. Its '
+                                 f'records are kept in {study_dir}/runs: restore study.json from a '
+                                 'copy of your own, or use another --study-dir') from None
+            study = cls.from_json(read_json(copy, 'study.json is unreadable too: restore one of '
+                                                  'them from a copy of your own, or use another '
+                                                  '--study-dir'), copy)
+            return dataclasses.replace(study, damaged=error)
+        return cls.from_json(content, path)  # another shape: its copy has it too
 
     def write(self, study_dir):
-        atomic_write(self.path(study_dir), json.dumps(self.to_json(), indent=2))
+        content = json.dumps(self.to_json(), indent=2)
+        atomic_write(self.path(study_dir), content)
+        atomic_write(self.copy_path(study_dir), content)

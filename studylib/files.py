@@ -1,28 +1,50 @@
-"""The files of a study directory: where each run's record, failed tries and outputs live, which
-runs are finished, and writing and reading them safely."""
+"""The files of a study directory: where each run's record, failed tries and outputs live, the one
+reader that decides which runs are finished (it reads and checks every record), damaged files set
+aside, and writing and reading them safely."""
+import dataclasses
 import json
 import os
 import re
+import zipfile
 
-from .errors import StudyError
+from .errors import StorageError, StudyError
+from .records import RunRecord
 
-RUN_FILE = re.compile(r'(\d{5,})\.json')  # a finished run's record, RUN.json
+RUN_FILE = re.compile(r'(\d{5,})\.json')          # a finished run's record, RUN.json
+FAILURE_FILE = re.compile(r'(\d{5,})\.failed\.json')  # the failed tries of a run
+SET_ASIDE = 'set_aside'  # DIR/set_aside/: damaged files, kept under names that say why
 
 
 def atomic_write(path, content):
-    """Write to a temporary file, then rename it: a crash never leaves a half-written file."""
+    """Write to a temporary file, then rename it: a crash never leaves a half-written file, and a
+    write that fails (a full disk) leaves none either, and raises StorageError saying so."""
     temporary = f'{path}.tmp{os.getpid()}'
-    with open(temporary, 'wb' if isinstance(content, bytes) else 'w') as f:
-        f.write(content)
-    os.replace(temporary, path)
+    try:
+        with open(temporary, 'wb' if isinstance(content, bytes) else 'w') as f:
+            f.write(content)
+        os.replace(temporary, path)
+    except OSError as error:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+        raise StorageError(f'{path} could not be written ({error.strerror or error}); nothing '
+                           'half-written was kept: free space on its disk (or fix its '
+                           'permissions), then run the same command again') from None
+
+
+def load_json(path):
+    """The JSON in path; ValueError saying why it cannot be read (a file cut short, or absent)."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as error:
+        raise ValueError(f'not JSON: {error}') from None
 
 
 def read_json(path, what):
     """The JSON in path; an unreadable file is refused with what to do about it."""
     try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError) as error:
+        return load_json(path)
+    except ValueError as error:
         raise StudyError(f'{path} is unreadable ({error}); {what}') from None
 
 
@@ -44,15 +66,123 @@ def outputs_path(study_dir, config, run):
     return os.path.join(config_dir(study_dir, config), f'{run:05d}.pt')
 
 
-def finished_runs(study_dir, configs):
-    """{(config, run)} of the runs with a record, from one listing of each configuration's
-    directory (no record is read)."""
-    finished = set()
-    for config in configs:
-        try:
-            names = os.listdir(config_dir(study_dir, config))
-        except FileNotFoundError:
+@dataclasses.dataclass(frozen=True)
+class Damaged:
+    """A file of the study that is not counted: its path under DIR, why (a word that names it when
+    set aside: unreadable, outputs-unreadable, misplaced, no-configuration), and the detail."""
+    path: str
+    why: str
+    detail: str
+
+    def line(self):
+        return f'{self.path} ({self.why}: {self.detail})'
+
+
+def read_record(path, config, run):
+    """The RunRecord in path, which must be run `run` of `config`: ValueError saying what is
+    wrong with it otherwise."""
+    record = RunRecord.from_json(load_json(path))
+    if (record.config, record.run) != (config, run):
+        raise LookupError(f'it is run {record.run} of {record.config}, not run {run} of {config}')
+    return record
+
+
+def outputs_intact(path):
+    """Whether a run's outputs file is whole: torch.save writes a zip archive, whose directory
+    comes last, so a file cut short has none (zipfile looks for it without reading the rest)."""
+    return not os.path.exists(path) or zipfile.is_zipfile(path)
+
+
+def scan_config(study_dir, config, expects_outputs):
+    """({run: RunRecord}, [Damaged]) of one configuration's directory."""
+    finished, damaged = {}, []
+    try:
+        names = sorted(os.listdir(config_dir(study_dir, config)))
+    except FileNotFoundError:
+        return finished, damaged
+    for name in names:
+        if not (match := RUN_FILE.fullmatch(name)):
             continue
-        finished.update((config, int(match[1])) for name in names
-                        if (match := RUN_FILE.fullmatch(name)))
-    return finished
+        run, relative = int(match[1]), os.path.join('runs', config, name)
+        try:
+            finished[run] = read_record(os.path.join(study_dir, relative), config, run)
+        except LookupError as error:
+            damaged.append(Damaged(relative, 'misplaced', str(error)))
+            continue
+        except ValueError as error:
+            damaged.append(Damaged(relative, 'unreadable', str(error)))
+            continue
+        if expects_outputs and not outputs_intact(outputs_path(study_dir, config, run)):
+            del finished[run]
+            damaged.append(Damaged(relative, 'outputs-unreadable',
+                                   f'its outputs {run:05d}.pt are cut short'))
+    for name in names:
+        if FAILURE_FILE.fullmatch(name):
+            relative = os.path.join('runs', config, name)
+            try:
+                read_failures(os.path.join(study_dir, relative))
+            except ValueError as error:
+                damaged.append(Damaged(relative, 'unreadable', str(error)))
+    return finished, damaged
+
+
+def read_failures(path):
+    """A RUN.failed.json ({'config', 'run', 'failures': [a dict per try]}); ValueError if it is
+    damaged."""
+    content = load_json(path)
+    failures = content.get('failures') if isinstance(content, dict) else None
+    if not isinstance(failures, list) or not all(isinstance(f, dict) for f in failures):
+        raise ValueError('it holds no list of failed tries')
+    return content
+
+
+def scan_runs(study_dir, study):
+    """What DIR holds of the study: ({(config, run): RunRecord} of the finished runs, [Damaged]).
+    Every record is read and checked (the same reader for the launch's plan and the report): a
+    record that cannot be read, lacks a field, sits in another run's place or whose outputs are
+    cut short is not finished; a configuration directory that study.json does not name is
+    damaged as a whole (its records would count for a later configuration of that name)."""
+    expects_outputs = bool(study.settings.get('save_logits')) or \
+        study.settings.get('train_subset') is not None
+    finished, damaged = {}, []
+    for config in study.configs:
+        records, found = scan_config(study_dir, config, expects_outputs)
+        finished.update(((config, run), record) for run, record in records.items())
+        damaged += found
+    runs_dir = os.path.join(study_dir, 'runs')
+    strays = sorted(set(os.listdir(runs_dir)) - set(study.configs)) \
+        if os.path.isdir(runs_dir) else []
+    damaged += [Damaged(os.path.join('runs', name), 'no-configuration',
+                        f'study.json has no configuration {name}') for name in strays]
+    return finished, damaged
+
+
+def set_aside(study_dir, damaged):
+    """Move each damaged file (with a record, its outputs) to DIR/set_aside/, named PATH.WHY
+    (PATH.WHY.2 ... where taken): kept, never deleted, and no longer counted. Returns the lines
+    that say where each went."""
+    moved = []
+    for entry in damaged:
+        source = os.path.join(study_dir, entry.path)
+        companions = [source]
+        if entry.path.endswith('.json') and RUN_FILE.fullmatch(os.path.basename(entry.path)):
+            companions.append(source[:-len('.json')] + '.pt')
+        for path in companions:
+            if not os.path.exists(path):
+                continue
+            relative = os.path.relpath(path, os.path.join(study_dir, 'runs')) \
+                if entry.path.startswith('runs') else os.path.basename(path)
+            target = free_name(os.path.join(study_dir, SET_ASIDE, f'{relative}.{entry.why}'))
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            os.replace(path, target)
+            moved.append(os.path.relpath(target, study_dir))
+    return moved
+
+
+def free_name(path):
+    """path, or path.2, path.3 ...: the first that does not exist."""
+    candidate, number = path, 1
+    while os.path.exists(candidate):
+        number += 1
+        candidate = f'{path}.{number}'
+    return candidate

@@ -20,7 +20,7 @@ from .collect import Collector
 from .config import Study
 from .distribute import MAX_ATTEMPTS, Heartbeat, Liveness, Queue, StoreLost, World
 from .environment import local_environment, world_environment
-from .errors import StudyError, Stopped
+from .errors import ReportFailed, RunsFailed, StorageError, Stopped, StudyError
 from .files import atomic_write
 from .plan import lock_study_dir, make_plan, open_study
 from .records import FailedTry, Message
@@ -128,11 +128,11 @@ def plan_launch(args, process, infos, command):
     check_outputs_travel(args, process.data)
     launch = dict(id=uuid.uuid4().hex[:12], command=command, environment=world_environment(infos),
                   started=datetime.datetime.now(datetime.timezone.utc).isoformat())
-    lock, _ = open_study(args.study_dir, study_of(args, process), command, launch)
+    lock, study, notes = open_study(args.study_dir, study_of(args, process), command, launch)
     try:
         runner_files(args, process)
-        plan = dict(make_plan(args.study_dir, list(process.configs), args.runs, launch),
-                    data=process.info['data'])
+        plan = make_plan(args.study_dir, study, list(process.configs), args.runs, launch)
+        plan.update(data=process.info['data'], notes=notes + plan['notes'])
     except BaseException:
         lock.close()
         raise
@@ -173,11 +173,11 @@ def first_plan(args, world, command):
         try:
             lock, plan = plan_launch(args, process, world.read_all('info'), command)
         except StudyError as error:
-            plan = {'error': str(error)}
+            plan = {'error': str(error), 'exit_status': error.exit_status}
         world.publish('plan', plan)
     plan = world.read('plan')
     if 'error' in plan:
-        raise SharedError(plan['error'])
+        raise SharedError(plan['error'], plan['exit_status'])
     return process, plan, lock
 
 
@@ -186,7 +186,7 @@ def join_plan(args, world):
     checked against the plan's data; rank 0 takes DIR's lock again."""
     plan = world.read('plan')
     if 'error' in plan:
-        raise SharedError(plan['error'])
+        raise SharedError(plan['error'], plan['exit_status'])
     process = setup_process(args, world)
     if process.info['data'] != plan['data']:
         raise StudyError(f'rank {world.rank} ({socket.gethostname()}) sees other data than the '
@@ -246,7 +246,7 @@ class BrokenDevice:
     def check(self, record):
         self.recent = [*self.recent, record][-self.limit:] if record.failed else []
         if len(self.recent) == self.limit and len({r.config for r in self.recent}) > 1:
-            raise StudyError(f'{self.limit} runs in a row failed on this process (rank '
+            raise RunsFailed(f'{self.limit} runs in a row failed on this process (rank '
                              f'{record.rank}, {record.host}, {record.device}), in '
                              'different configurations: its device may be broken; the failures '
                              'are recorded, and the same command retries them')
@@ -269,7 +269,7 @@ def work(args, world, plan, runner, collector):
                 return
             elif world.store.check('member/0') and rank0.lost(
                     world.store.get('member/0').decode()):
-                raise StudyError(f'rank 0 has sent no heartbeat for {args.lost_after:g} s: the '
+                raise RunsFailed(f'rank 0 has sent no heartbeat for {args.lost_after:g} s: the '
                                  'records of this launch are written by rank 0 alone; run the '
                                  'command again to continue the study')
             time.sleep(POLL_SECONDS)
@@ -293,7 +293,12 @@ class ProcessLost(Exception):
 
 
 class SharedError(StudyError):
-    """An error every process of the launch meets (the plan's): rank 0 says it."""
+    """An error every process of the launch meets (the plan's): rank 0 says it, and every process
+    exits with the status of the error rank 0 met."""
+
+    def __init__(self, message, exit_status):
+        super().__init__(message)
+        self.exit_status = exit_status
 
 
 def run_study(args, world, command):
@@ -311,44 +316,66 @@ def run_study(args, world, command):
     collector = None
     if world.rank == 0:
         collector = world.collector = Collector(world, plan, args.study_dir)
-        for note in args.notes:
+        for note in [*args.notes, *plan.get('notes', [])]:
             print(note, flush=True)
         print(f"{'rank 0 rejoins the launch; ' if replacing else ''}study in {args.study_dir}: "
               f"{collector.finished()} of {plan['total']} runs of this launch's configurations "
-              f"finished, {len(plan['jobs']) - len(collector.written)} to train; world size "
+              f"finished, {len(plan['jobs']) - len(collector.written) - len(collector.failed)} to "
+              f"train; world size "
               f"{world.size} on {plan['environment']['hosts']} ({process.device.type}, "
               f'{process.precision})', flush=True)
     try:
         runner.warm_up(sorted({config for config, _ in plan['jobs']}))
         work(args, world, plan, runner, collector)
-    finally:
+    except BaseException:  # stopped early: what has arrived is kept, and the report written
         heartbeat.stopping.set()
-        if collector is not None:
-            try:
-                collector.collect()  # stopped early or not: what has arrived is kept
-            finally:
-                try:
-                    write_report(args.study_dir, args.resolve)
-                finally:
-                    lock.close()
+        report_error = close_launch(args, collector, lock)
+        if report_error:
+            print(f'warning: {report_error}', file=sys.stderr, flush=True)
+        raise
+    heartbeat.stopping.set()
+    report_error = close_launch(args, collector, lock)
     if collector is not None and collector.failed:
+        if report_error:
+            print(f'warning: {report_error}', file=sys.stderr, flush=True)
         failed = sorted(collector.failed.values(), key=lambda r: (r.config, r.run))
         shown = ', '.join(f'{r.config} run {r.run} ({r.error_type})' for r in failed[:5])
-        raise StudyError(f'{len(failed)} runs failed: {shown}{" ..." if len(failed) > 5 else ""};'
+        raise RunsFailed(f'{len(failed)} runs failed: {shown}{" ..." if len(failed) > 5 else ""};'
                          f' their errors are in {args.study_dir}/runs/CONFIG/RUN.failed.json, the '
                          'summary counts them, and the same command retries them')
+    if report_error:
+        raise ReportFailed(report_error)
+
+
+def close_launch(args, collector, lock):
+    """Rank 0 at the end of a launch, however it ends: the records that have arrived, then the
+    report; DIR's lock released. Returns the report's failure, or None (other ranks: None)."""
+    if collector is None:
+        return None
+    try:
+        collector.collect()
+    finally:
+        try:
+            report_error = write_report(args.study_dir, args.resolve)
+        finally:
+            lock.close()
+    return report_error
 
 
 def write_report(study_dir, resolve=None):
-    """The summary, report and plots at the end of a launch. Their failure never replaces the
-    launch's outcome (its records are written): one line says so and how to rebuild them."""
+    """The summary, report and plots at the end of a launch; None, or what went wrong and how to
+    rebuild them (the runs are written whatever the analyses raise)."""
     try:
         report.write_outputs(study_dir, resolve=resolve)
     except Exception as error:  # noqa: BLE001: whatever the analyses raise, the runs are kept
-        message = (str(error).splitlines() or [''])[0][:300]
-        print(f'warning: the report of {study_dir} could not be written ({type(error).__name__}: '
-              f'{message}); the runs are kept: rebuild it with python study.py report '
-              f'{study_dir}', file=sys.stderr, flush=True)
+        return report_failure(study_dir, error)
+    return None
+
+
+def report_failure(study_dir, error):
+    message = (str(error).splitlines() or [''])[0][:300]
+    return (f'the report of {study_dir} could not be written ({type(error).__name__}: {message}); '
+            f'the runs are kept: rebuild it with python study.py report {study_dir}')
 
 
 def raise_stopped(signal_number, frame):
@@ -376,7 +403,7 @@ def main(argv=None):
             where = '' if world is None or world.size == 1 or isinstance(error, SharedError) \
                 else f'rank {world.rank}: '
             print(f'error: {where}{error}', file=sys.stderr, flush=True)
-        return 1
+        return getattr(error, 'exit_status', RunsFailed.exit_status)  # StoreLost: retry
     except (KeyboardInterrupt, Stopped) as stop:
         collector = None if world is None else world.collector
         if collector is not None:
@@ -394,12 +421,23 @@ def main(argv=None):
 
 
 def report_main(argv):
+    """study.py report DIR: 0 with the report written (a warning line for each damaged file it
+    does not count), 1 for a command or directory refused, 3 where no report could be written."""
     try:
         args = parse_report_args(argv)
-        report.write_outputs(args.study_dir, target=args.target, resolve=args.resolve,
-                             require_speedup=args.speedup, require_variance=args.variance)
+        summary = report.write_outputs(args.study_dir, target=args.target, resolve=args.resolve,
+                                       require_speedup=args.speedup,
+                                       require_variance=args.variance)
+    except StorageError as error:
+        print(f'error: {error}', file=sys.stderr, flush=True)
+        return ReportFailed.exit_status
     except StudyError as error:
         print(f'error: {error}', file=sys.stderr, flush=True)
-        return 1
+        return StudyError.exit_status
+    except Exception as error:  # noqa: BLE001: an analysis or a write that fails says so
+        print(f'error: {report_failure(args.study_dir, error)}', file=sys.stderr, flush=True)
+        return ReportFailed.exit_status
+    for line in summary['damaged']:
+        print(f'warning: damaged, not counted: {line}', file=sys.stderr, flush=True)
     print(f'rebuilt {args.study_dir}: summary.json, report.md, runs.csv and the plots')
     return 0

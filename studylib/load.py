@@ -11,7 +11,7 @@ import torch
 
 from .config import Study
 from .errors import StudyError
-from .files import outputs_path, read_json
+from .files import config_dir, outputs_path, read_failures, read_json, scan_runs
 from .variance import EnsembleTally
 
 OUTPUT_KEYS = ('logits', 'logits_plain', 'train_mask')
@@ -47,23 +47,28 @@ def record_row(record, config):
     return row
 
 
-def load_records(study_dir, study, suffix='.json'):
-    """Every record of the study's configurations: of finished runs (RUN.json), or with suffix
-    '.failed.json' the tries of runs that failed and have not been trained since."""
-    records = []
-    for config in study.configs:
-        for path in sorted(glob.glob(os.path.join(study_dir, 'runs', glob.escape(config),
-                                                  f'[0-9]*{suffix}'))):
-            if '.tmp' not in path and os.path.basename(path).count('.') == suffix.count('.'):
-                records.append(read_json(path, 'remove it to train that run again'))
-    return records
+def load_records(study_dir, study):
+    """(records, damaged): the records of the finished runs (as their files hold them), read
+    and checked by the reader that plans a launch (files.scan_runs), and a line for each damaged
+    file that is left out (the next launch sets it aside and trains its run again)."""
+    finished, damaged = scan_runs(study_dir, study)
+    copy = [f'study.json ({study.damaged}; the study was read from its copy, '
+            'study.backup.json)'] if study.damaged else []
+    return [record.to_json() for record in finished.values()], \
+        copy + [entry.line() for entry in damaged]
 
 
 def failed_runs(study_dir, study):
-    """{config: [the failure record of each try]} of the runs that failed and are not finished."""
+    """{config: [RUN.failed.json of each run]} of the runs that failed and are not finished (a
+    damaged file is left out: load_records names it)."""
     failed = {}
-    for entry in load_records(study_dir, study, '.failed.json'):
-        failed.setdefault(entry['config'], []).append(entry)
+    for config in study.configs:
+        for path in sorted(glob.glob(os.path.join(glob.escape(config_dir(study_dir, config)),
+                                                  '[0-9]*.failed.json'))):
+            try:
+                failed.setdefault(config, []).append(read_failures(path))
+            except ValueError:
+                continue
     return failed
 
 
@@ -103,15 +108,16 @@ def load_study(study_dir, outputs=True):
     time, steps, device model, host, launch ...); arrays maps each kind of saved output to a
     SavedOutputs ({(config, run): array} read on lookup: 'logits' and 'logits_plain' fp16 (test
     images, classes), 'train_mask') and holds 'test_labels' (an int array, when logits were
-    saved)."""
+    saved). runs.attrs['damaged']: a line for each damaged file that is left out."""
     study = read_study(study_dir)
-    records = load_records(study_dir, study)
+    records, damaged = load_records(study_dir, study)
     rows = [record_row(record, study.configs[record['config']]) for record in records]
     runs = pd.DataFrame(rows)
     if len(runs):
         runs = runs.sort_values(['config', 'run'], key=lambda column: column.map(
             list(study.configs).index) if column.name == 'config' else column,
             ignore_index=True)
+    runs.attrs['damaged'] = damaged
     arrays = {}
     if outputs:
         settings = study.settings
@@ -142,8 +148,8 @@ def ensemble_tallies(study_dir, runs, labels, num_classes):
     for config, group in runs.groupby('config', sort=False) if len(runs) else ():
         group = group[~group['diverged'].fillna(False).astype(bool)] if 'diverged' in group \
             else group
-        wanted = sorted(int(run) for run in group['run']
-                        if os.path.exists(outputs_path(study_dir, config, int(run))))
+        wanted = {int(run): str(stamp) for run, stamp in zip(group['run'], group['finished'])
+                  if os.path.exists(outputs_path(study_dir, config, int(run)))}
         if wanted:
             tallies[config] = {name: _tally(study_dir, config, wanted, key, labels, num_classes)
                                for name, key in TALLY_KEYS.items()}
@@ -155,25 +161,30 @@ def _tally_path(study_dir, config, key):
 
 
 def _tally(study_dir, config, wanted, key, labels, num_classes):
+    """The tally of the runs in wanted ({run: its record's finished time}): the kept one where
+    each run it holds is still that run (a run trained again, after its record was set aside,
+    has another time), extended by the others."""
     path = _tally_path(study_dir, config, key)
     tally, held = EnsembleTally(labels, num_classes), []
     if os.path.exists(path):
         try:
             with np.load(path) as saved:
-                if set(saved['runs'].tolist()) <= set(wanted) and \
+                kept = dict(zip(saved['runs'].tolist(), saved['finished'].tolist()))
+                if all(wanted.get(run) == stamp for run, stamp in kept.items()) and \
                         saved['votes'].shape == tally.votes.shape:
                     tally.votes[:] = saved['votes']
                     tally.accuracies = saved['accuracies'].tolist()
-                    held = saved['runs'].tolist()
+                    held = list(kept)
         except (OSError, ValueError, KeyError):
-            pass  # an unreadable tally is rebuilt from the logits
-    new = [run for run in wanted if run not in set(held)]
+            pass  # an unreadable tally, or one of an earlier format, is rebuilt from the logits
+    new = sorted(set(wanted) - set(held))
     for run in new:
         tally.add(read_outputs(study_dir, config, run)[key].argmax(axis=1))
     if new:
+        runs = held + new
         os.makedirs(os.path.dirname(path), exist_ok=True)
         temporary = f'{path}.tmp{os.getpid()}.npz'
         np.savez(temporary, votes=tally.votes, accuracies=np.array(tally.accuracies),
-                 runs=np.array(held + new))
+                 runs=np.array(runs), finished=np.array([wanted[run] for run in runs]))
         os.replace(temporary, path)
     return tally

@@ -202,13 +202,23 @@ def variance_lines(section):
                     'test set this size.'] + notes.lines()
 
 
+def damaged_lines(summary):
+    """The damaged files the report leaves out: their runs are not finished."""
+    if not summary.get('damaged'):
+        return []
+    return ['Damaged files, not counted (the next launch sets each aside in set_aside/, kept, and '
+            'trains its run again with the same seeds):', '',
+            *(f'- {line}' for line in summary['damaged']), '']
+
+
 def report_lines(summary):
     target = summary['target']
     lines = [f"# Study: {summary['accuracy_on']} accuracy", '',
              f"{summary['runs_finished']} of {len(summary['configs']) * summary['runs_requested']} "
              f"runs finished ({summary['status']}); {summary['runs_failed']} failed, "
              f"{summary['runs_diverged']} diverged; seeds from {summary['seed']}, varying "
-             f"{summary['vary']}.", '', '## Configurations', '', *config_table(summary), '',
+             f"{summary['vary']}.", '', *damaged_lines(summary), '## Configurations', '',
+             *config_table(summary), '',
              *failure_lines(summary),
              'TTA: what each configuration\'s accuracy is measured with (its net.tta_level). std: '
              "between runs. 95% CI: of the mean (Student's t). Timed seconds per device model, "

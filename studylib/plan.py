@@ -1,12 +1,13 @@
 """A study's directory and its lock, the study.json of a launch (the study, checked against DIR's
-and extended), and the plan of a launch: the runs still to train."""
+and extended), and the plan of a launch: the runs still to train, once the damaged files are set
+aside."""
 import fcntl
 import json
 import os
 
 from .config import Study
 from .errors import StudyError
-from .files import finished_runs
+from .files import Damaged, scan_runs, set_aside
 
 SOURCES = ('init', 'order', 'aug')  # the sources of randomness of the scripts' source_seeds
 
@@ -72,14 +73,19 @@ def merge_study(existing, study, command):
 def open_study(study_dir, study, command, launch):
     """Rank 0 at the start of a launch: lock DIR, check that it holds this study or none (or one
     that this launch extends), and write study.json with the launch (its id, command and
-    environment) added. Returns the lock and the study as DIR holds it now."""
-    lock = lock_study_dir(study_dir)
+    environment) added; a study.json that was read from its copy is set aside first. Returns the
+    lock, the study as DIR holds it now, and the lines that say what was recovered."""
+    lock, notes = lock_study_dir(study_dir), []
     try:
         existing = Study.read(study_dir)
         try:
             study = merge_study(existing, study, command)
         except StudyError as error:
             raise StudyError(f'{study_dir}: {error}') from None
+        if existing is not None and existing.damaged:
+            moved = set_aside(study_dir, [Damaged('study.json', 'unreadable', existing.damaged)])
+            notes.append(f'{existing.damaged}: the study was read from its copy '
+                         f'study.backup.json; the damaged file is kept as {", ".join(moved)}')
         study.launches = [*study.launches, launch]
         study.write(study_dir)
     except BaseException:
@@ -89,15 +95,26 @@ def open_study(study_dir, study, command, launch):
         for name in names:  # left by a process killed while writing; nobody writes now (the lock)
             if '.tmp' in name:
                 os.remove(os.path.join(directory, name))
-    return lock, study
+    return lock, study, notes
 
 
-def make_plan(study_dir, configs, runs, launch):
-    """The runs of this launch's configurations without a record, run-major (the runs of a seed
-    finish together, so that a partial study is paired)."""
-    finished = finished_runs(study_dir, configs)
+def set_aside_note(study_dir, damaged, moved):
+    """One line: what was set aside, where, and that those runs are trained again."""
+    shown = '; '.join(entry.line() for entry in damaged[:3])
+    more = f'; and {len(damaged) - 3} more' if len(damaged) > 3 else ''
+    return (f'set aside {len(damaged)} damaged file{"s" if len(damaged) > 1 else ""} of '
+            f'{study_dir}, not counted and kept in {study_dir}/set_aside ({len(moved)} moved): '
+            f"{shown}{more}; the study's runs among them are trained again, with the same seeds")
+
+
+def make_plan(study_dir, study, configs, runs, launch):
+    """The runs of this launch's configurations without a finished record, run-major (the runs of
+    a seed finish together, so that a partial study is paired). Every record is read and
+    checked first, and the damaged files are set aside (the plan's notes say so)."""
+    finished, damaged = scan_runs(study_dir, study)
+    notes = [set_aside_note(study_dir, damaged, set_aside(study_dir, damaged))] if damaged else []
     jobs = [[config, run] for run in range(runs) for config in configs
             if (config, run) not in finished]
     total = len(configs) * runs
     return dict(launch=launch['id'], jobs=jobs, total=total, finished=total - len(jobs),
-                environment=launch['environment'])
+                environment=launch['environment'], notes=notes)

@@ -3,6 +3,8 @@ RunRecord for a finished run (RUN.json), FailedTry for a try that raised or whos
 (RUN.failed.json). They travel through the store as Message."""
 import dataclasses
 import json
+import math
+import types
 from dataclasses import dataclass
 
 
@@ -42,6 +44,31 @@ class RunRecord:
         return {key: value for key, value in dataclasses.asdict(self).items()
                 if value is not None or key == 'val_acc'}
 
+    @classmethod
+    def from_json(cls, content):
+        """The record a RUN.json holds, checked field by field against this class: ValueError
+        naming what is missing, unknown or of the wrong kind (a damaged record, or one of another
+        version of study.py). Accuracies lie in [0, 1]; no number is NaN or infinite."""
+        if not isinstance(content, dict):
+            raise ValueError(f'it holds {type(content).__name__}, not a record')
+        fields = {field.name: field for field in dataclasses.fields(cls)}
+        required = [name for name, field in fields.items()
+                    if field.default is dataclasses.MISSING]
+        missing = [name for name in required if name not in content]
+        unknown = sorted(set(content) - set(fields))
+        if missing or unknown:
+            raise ValueError('; '.join(
+                ([f'lacks {", ".join(missing)}'] if missing else []) +
+                ([f'has fields this study.py does not know ({", ".join(unknown)})']
+                 if unknown else [])))
+        for name, value in content.items():
+            if not is_of_type(value, fields[name].type):
+                raise ValueError(f'{name} is {value!r}, not {type_name(fields[name].type)}')
+        for name in ('accuracy', 'test_acc', 'val_acc'):
+            if content.get(name) is not None and not 0 <= content[name] <= 1:
+                raise ValueError(f'{name} is {content[name]!r}, not an accuracy in [0, 1]')
+        return cls(**content)
+
 
 @dataclass
 class FailedTry:
@@ -58,6 +85,11 @@ class FailedTry:
     finished: str
 
     failed = True
+
+    @classmethod
+    def from_json(cls, content):
+        """A try as RUN.failed.json holds it (to_json's)."""
+        return cls(**{field.name: content[field.name] for field in dataclasses.fields(cls)})
 
     def to_json(self):
         return dict(config=self.config, run=self.run, failed=True,
@@ -81,3 +113,24 @@ class Message:
         record = dict(content['record'])
         kind = FailedTry if record.pop('failed', False) else RunRecord
         return cls(record=kind(**record), has_outputs=content['has_outputs'])
+
+
+def is_of_type(value, annotation):
+    """Whether a JSON value is of a record field's type: int, float (an int too; finite), str,
+    bool, dict, list, or a union of them with None. bool is not a number here."""
+    if isinstance(annotation, types.UnionType):
+        return any(is_of_type(value, option) for option in annotation.__args__)
+    if annotation is type(None):
+        return value is None
+    if annotation in (int, float) and isinstance(value, bool):
+        return False
+    if annotation is float:
+        return isinstance(value, (int, float)) and math.isfinite(value)
+    return isinstance(value, annotation)
+
+
+def type_name(annotation):
+    if isinstance(annotation, types.UnionType):
+        return ' or '.join(type_name(option) for option in annotation.__args__)
+    return {type(None): 'null', float: 'a finite number', int: 'a whole number'}.get(
+        annotation, annotation.__name__)

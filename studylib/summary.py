@@ -20,6 +20,7 @@ def summarize(study_dir, target=None, resolve=None):
         runs_finished=len(runs), runs_failed=sum(map(len, failed.values())),
         runs_diverged=int(runs['diverged'].fillna(False).astype(bool).sum())
         if 'diverged' in runs else 0,
+        damaged=runs.attrs.get('damaged', []),
         seed=settings['seed'], vary=settings['vary'], target=target,
         accuracy_on='validation' if settings['val_split'] else 'test',
         configs=analysis.config_summaries(runs, configs, target, failed),

@@ -260,10 +260,10 @@ def test_a_report_that_fails_leaves_the_outcome_and_closes_the_lock(
     study_dir = tmp_path / 'study'
     argv = [STAND_IN, '--runs', '2', '--study-dir', str(study_dir), '--', *QUICK,
             '--data-dir', image_folder]
-    assert study_main(argv) == 0  # the study is complete: its outcome
-    warning = (f'warning: the report of {study_dir} could not be written (ValueError: an analysis '
+    assert study_main(argv) == 3  # the runs are written, the report is not: look, not retry
+    failure = (f'the report of {study_dir} could not be written (ValueError: an analysis '
                f'failed); the runs are kept: rebuild it with python study.py report {study_dir}')
-    assert capsys.readouterr().err.splitlines() == [warning]
+    assert capsys.readouterr().err.splitlines() == [f'error: {failure}']
     assert len(records(study_dir)) == 2
     with open(study_dir / 'study.lock', 'w') as lock:  # closed: another launch may take it
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -278,7 +278,7 @@ def test_a_report_that_fails_leaves_the_outcome_and_closes_the_lock(
     monkeypatch.setattr(studylib.scripts, 'load_script', lambda path: stand_in)
     assert study_main([*argv[:2], '4', *argv[3:]]) == 130  # Ctrl-C's, not the report's
     assert capsys.readouterr().err.splitlines() == [
-        warning, '', f'Stopped: 3 of 4 finished runs are in {study_dir}; the same command '
-        'continues the study.']
+        f'warning: {failure}', '', f'Stopped: 3 of 4 finished runs are in {study_dir}; the same '
+        'command continues the study.']
     with open(study_dir / 'study.lock', 'w') as lock:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

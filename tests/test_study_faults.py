@@ -165,7 +165,7 @@ def test_a_run_that_raises_is_recorded_and_the_next_launch_retries_it(
     argv = [str(script), '--runs', '2', '--study-dir', str(study_dir), '--config', 'ok',
             '--config', 'bad', 'opt.lr=7', '--', *training(), '--data-dir', image_folder]
     for launch_number in (1, 2):
-        assert study_main(argv) == 1
+        assert study_main(argv) == 2  # runs failed: retry
         error = capsys.readouterr().err.strip().splitlines()[-1]
         assert error.startswith('error: 2 runs failed: bad run 0 (RuntimeError), bad run 1 '
                                 '(RuntimeError)') and 'the same command retries them' in error
@@ -185,6 +185,40 @@ def test_a_run_that_raises_is_recorded_and_the_next_launch_retries_it(
     assert found[('bad', 0)]['earlier_failures'] == 2
     assert not list((study_dir / 'runs' / 'bad').glob('*.failed.json'))
     assert study_summary(study_dir)['configs']['bad']['failed'] == 0
+
+
+FAILING_STAND_IN = '''
+_train = train
+def train(data, hyp, *args, **kwargs):
+    if hyp['curve']['b'] == 0.3:
+        raise RuntimeError('CUDA out of memory. Tried to allocate 2.00 GiB (simulated)')
+    return _train(data, hyp, *args, **kwargs)
+'''
+
+
+def test_runs_that_fail_under_torchrun_restarts_end_the_launch(image_folder, tmp_path):
+    """Rank 0 exits 2 (runs failed); torchrun --max-restarts restarts the processes, and the
+    restarted launch finds every run done (the failed ones by their tries): it says so and ends,
+    where it once waited for those runs for ever."""
+    script = tmp_path / 'failing_stand_in.py'
+    script.write_text(open(os.path.join(REPO, 'tests', 'stand_in_script.py')).read() +
+                      FAILING_STAND_IN)
+    study_dir = tmp_path / 'study'
+    result = finish(launch(
+        str(script), '--runs', '2', '--study-dir', str(study_dir), '--config', 'ok',
+        '--config', 'bad', 'curve.b=0.3', '--', '--dataset', 'folder', '--device', 'cpu',
+        '--precision', 'fp32', '--no-warmup', '--data-dir', image_folder,
+        launcher=['--nproc_per_node=2', '--max-restarts=1', f'--master-port={free_port()}']),
+        timeout=240)
+    assert result.returncode == 1  # torchrun's, for any status but 0
+    assert result.stderr.count('failed (exitcode: 2) local_rank: 0') == 2  # the first, the restart
+    assert "rank 0 rejoins the launch; study in" in result.stdout
+    assert "2 of 4 runs of this launch's configurations finished, 0 to train" in result.stdout
+    errors = [line for line in result.stderr.splitlines() if line.startswith('error: rank 0: ')]
+    assert errors == [errors[0]] * 2 and errors[0].startswith(
+        'error: rank 0: 2 runs failed: bad run 0 (RuntimeError), bad run 1 (RuntimeError)')
+    assert sorted(records(study_dir)) == [('ok', 0), ('ok', 1)]
+    assert study_summary(study_dir)['configs']['bad']['failed'] == 2
 
 
 def test_sigterm_keeps_the_finished_runs_and_the_same_command_continues(image_folder, tmp_path):
