@@ -490,7 +490,7 @@ def load_dataset(name, data_dir, train_splits=('train',), download=True, log=pri
     try:
         os.makedirs(data_dir, exist_ok=True)
         atomic_write(cache_path, lambda path: torch.save(data, path))
-    except OSError as error:
+    except (OSError, RuntimeError) as error:  # torch.save's failed write is a RuntimeError
         log(f'Could not write the tensor cache {cache_path} ({error}); continuing without it.')
     return data
 
@@ -550,7 +550,8 @@ def write_logs(log_dir, code, results, config, status):
                  lambda path: pathlib.Path(path).write_text(json.dumps(summary, indent=2)))
 
 def study_hyp(args):
-    """hyp with --epochs and each --hyp GROUP.KEY=VALUE set (a word such as 'random': a string)."""
+    """hyp with --epochs and each --hyp GROUP.KEY=VALUE set (a word such as 'random': a string),
+    every value checked (check_hyp)."""
     run_hyp = copy.deepcopy(hyp)
     run_hyp['aug']['flip'] = 'none' if args.dataset == 'svhn' else run_hyp['aug']['flip']  # paper
     for text in args.hyp:
@@ -567,16 +568,56 @@ def study_hyp(args):
         except (ValueError, SyntaxError):
             node[name] = value
     run_hyp['opt']['train_epochs'] = args.epochs or run_hyp['opt']['train_epochs']
-    choices = {('aug', 'flip'): ('alternating', 'random', 'none'), ('net', 'tta_level'): (0, 1, 2),
-               ('opt', 'sampling'): ('reshuffle', 'replacement'), ('net', 'whiten'): (True, False),
-               ('net', 'identity_init'): (True, False)}
-    for (group, name), allowed in choices.items():  # of those keys, the ones this script's hyp has
-        if run_hyp[group].get(name, allowed[0]) not in allowed:
-            *others, last = map(repr, allowed)
-            raise ValueError(f"--hyp {group}.{name} takes {', '.join(others)} or {last}")
-    if not isinstance(every := run_hyp['opt'].get('lookahead_every', 0), int) or every < 0:
-        raise ValueError('--hyp opt.lookahead_every takes a whole number of steps, 0: no Lookahead')
+    check_hyp(run_hyp, hyp)
     return run_hyp
+
+def is_whole(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+HYP_CHOICES = {'flip': ('alternating', 'random', 'none'), 'tta_level': (0, 1, 2),
+               'sampling': ('reshuffle', 'replacement'), 'whiten': (True, False),
+               'identity_init': (True, False), 'convs_per_block': (2, 3)}
+HYP_RULES = {  # by a key's name, or its dict's (widths), in every script's hyp that has it
+    'batch_size': ('a whole number of images, at least 1', lambda v: is_whole(v) and v >= 1),
+    'widths': ('a whole number of channels, at least 1', lambda v: is_whole(v) and v >= 1),
+    'train_epochs': ('a number of epochs above 0', lambda v: v > 0),
+    'lookahead_every': ('a whole number of steps, 0: no Lookahead', is_whole),
+    'translate': ('a whole number of pixels below 32', lambda v: is_whole(v) and v < 32),
+    'cutout': ('a whole number of pixels up to 32', lambda v: is_whole(v) and v <= 32),
+    **{name: ('a whole number, at least 1', lambda v: is_whole(v) and v >= 1)
+       for name in ('renorm_every', 'step_every', 'whiten_images', 'newton_schulz_steps')},
+    **{name: ('a number from 0 to 1', lambda v: v <= 1) for name in (
+        'label_smoothing', 'batchnorm_momentum', 'tta_fraction', 'masked_fraction',
+        'lr_peak_fraction')},
+    **{name: ('a number from 0 to below 1', lambda v: v < 1)
+       for name in ('momentum', 'filter_momentum')}}
+
+def check_hyp(value, default, path=()):
+    """Refuse a value of another kind than hyp's (a dict with its keys, a number for a number, a
+    pair for a pair) or outside what the method takes (HYP_CHOICES, HYP_RULES; numbers are
+    finite, of the sign of hyp's: a rate, a size or a count is never negative), before any
+    training."""
+    key = '.'.join(path)
+    if isinstance(default, dict) and not (isinstance(value, dict) and
+                                          value.keys() == default.keys()):
+        raise ValueError(f"--hyp {key} takes a dict with the keys {', '.join(default)}")
+    if isinstance(default, dict):
+        return [check_hyp(value[name], default[name], (*path, name)) for name in default]
+    if path[-1] in HYP_CHOICES and value not in HYP_CHOICES[path[-1]]:
+        *others, last = map(repr, HYP_CHOICES[path[-1]])
+        raise ValueError(f"--hyp {key} takes {', '.join(others)} or {last}")
+    if isinstance(default, (tuple, list)) and not (isinstance(value, (tuple, list)) and
+                                                   len(value) == len(default)):
+        raise ValueError(f'--hyp {key} takes {len(default)} values, as in {default}')
+    if isinstance(default, (tuple, list)):
+        return [check_hyp(v, d, path) for v, d in zip(value, default)]
+    sign = -1 if isinstance(default, (int, float)) and default < 0 else 1
+    what, test = next((HYP_RULES[name] for name in reversed(path) if name in HYP_RULES),
+                      (f'a number, at {"least" if sign > 0 else "most"} 0', lambda v: True))
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(default, (int, float)) and not isinstance(default, bool) and not (
+            number and math.isfinite(value) and sign * value >= 0 and test(value)):
+        raise ValueError(f'--hyp {key} takes {what}, not {value!r}')
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0],

@@ -17,6 +17,7 @@ PAPER_SCRIPTS = ['airbench94', 'airbench94_compiled', 'airbench95', 'airbench96'
 SCRIPTS = [*PAPER_SCRIPTS, 'airbench94_muon', 'airbench94_hiverge']
 # airbench96_faster is not among them: tests/test_faster.py runs the per-script checks on it (at
 # small widths where they train, as its full-width end-to-end run alone would take a minute here)
+ALL_SCRIPTS = [*SCRIPTS, 'airbench96_faster']
 CPU = torch.device('cpu')
 # With its index: for a bare 'cuda', torch 2.4's Tensor.to asks the CUDA runtime for the current
 # device, which fails on a machine without a GPU driver (later versions answer without asking)
@@ -60,6 +61,14 @@ QUICK = ['--hyp', 'opt.batch_size=64', '--epochs', '4', '--device', 'cpu', '--no
 # The quickest complete run: one epoch of batches of 32, no warmup, no TTA
 TINY = ['--hyp', 'opt.batch_size=32', '--epochs', '1', '--no-warmup', '--no-epoch-eval',
         '--hyp', 'net.tta_level=0', '--device', 'cpu']
+
+
+def narrow(name, width=8):
+    """A script's flags for a network of this width in every block (its proxy's too): what
+    checks of the running script, not of its method's accuracy, train."""
+    widths = str({f'block{i}': width for i in (1, 2, 3)})
+    return ['--hyp', f'net.widths={widths}'] + (
+        ['--hyp', f'proxy.widths={widths}'] if name == 'airbench96_faster' else [])
 
 
 def load_script(name):
