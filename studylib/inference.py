@@ -118,14 +118,18 @@ def compare(a, b, paired=False, confidence=0.95):
 def holm(p_values):
     """Holm's step-down adjustment of a family of p-values (Holm 1979), controlling the chance of
     any false rejection in the family: the k-th smallest of m is multiplied by m - k + 1, and the
-    adjusted values are made non-decreasing. None entries (undefined tests) stay None and are not
-    counted in the family."""
-    indexed = sorted((p, i) for i, p in enumerate(p_values) if p is not None)
-    adjusted, running, m = [None] * len(p_values), 0.0, len(indexed)
+    adjusted values are made non-decreasing. An undefined test (None or NaN) is no member of the
+    family: it is not counted in m and stays as it was (None or NaN)."""
+    indexed = sorted((p, i) for i, p in enumerate(p_values) if _defined(p))
+    adjusted, running, m = list(p_values), 0.0, len(indexed)
     for rank, (p, i) in enumerate(indexed):
         running = max(running, min(1.0, (m - rank) * p))
         adjusted[i] = running
     return adjusted
+
+
+def _defined(p):
+    return p is not None and not math.isnan(p)
 
 
 def time_ratio(times_a, times_b, confidence=0.95):
@@ -159,7 +163,13 @@ def statistical_power(runs, std, difference, alpha=0.05, paired=False, correlati
         spread, freedom = std * math.sqrt(2 / runs), 2 * runs - 2
     critical = stats.t.ppf(1 - alpha / 2, freedom)
     shift = abs(difference) / spread
-    return float(stats.nct.sf(critical, freedom, shift) + stats.nct.cdf(-critical, freedom, shift))
+    # The lower tail P(T < -critical) as the upper tail of -shift: scipy's nct.cdf gives NaN there
+    # for large shifts (e.g. 12 at 4 degrees of freedom) where nct.sf stays exact.
+    power = stats.nct.sf(critical, freedom, shift) + stats.nct.sf(critical, freedom, -shift)
+    if not math.isfinite(power):
+        raise ValueError(f'the noncentral t gave no power for {runs} runs (shift {shift:g}, '
+                         f'{freedom} degrees of freedom)')
+    return float(power)
 
 
 def runs_needed(std, difference, power=0.8, alpha=0.05, paired=False, correlation=0.0):

@@ -118,6 +118,33 @@ def test_holm_adjustment_by_hand():
         [0.03, 0.06, 0.06, None, 0.02])
 
 
+def test_holm_leaves_undefined_p_values_out_of_the_family():
+    """A NaN p-value (a test that could not be made) is not a member of the family: the two
+    defined ones are adjusted as a family of 2 (0.01 * 2, then max(0.02, 0.04 * 1)), and the NaN
+    stays NaN where None stays None. Before: [0.03, 1.0, 1.0] (NaN counted, and sorted last)."""
+    adjusted = study.holm([0.01, float('nan'), 0.04])
+    assert adjusted[0] == pytest.approx(0.02) and adjusted[2] == pytest.approx(0.04)
+    assert math.isnan(adjusted[1])
+    assert study.holm([None, 0.04, float('nan')])[0] is None
+
+
+def test_runs_needed_when_the_difference_is_many_standard_deviations():
+    """A difference of 10 standard deviations: at 2 runs per configuration (2 degrees of freedom)
+    the two-sided t-test's power is 0.9927 (scipy.stats.nct), so 2 runs suffice. scipy's nct.cdf
+    of the lower tail is NaN at 3 and 4 runs (a noncentrality of 12 to 14), which the search read
+    as "not enough" and answered 4; the lower tail is taken as the upper tail of -shift."""
+    assert study.statistical_power(2, 1.0, 10) == pytest.approx(0.992746660, abs=1e-9)
+    for runs in (3, 4, 5, 50):
+        assert study.statistical_power(runs, 1.0, 10) == pytest.approx(1.0, abs=1e-9)
+    assert study.runs_needed(1, 10) == 2
+    # paired, 2 pairs: 1 degree of freedom, power 0.733 (nct.sf); 3 pairs: 0.9999996
+    assert study.runs_needed(1, 10, paired=True, correlation=0.5) == 3
+    for d in (0.2, 0.5, 0.8, 2.0, 40.0):  # a monotone answer over a wide range of differences
+        runs = study.runs_needed(1.0, d)
+        assert study.statistical_power(runs, 1.0, d) >= 0.8
+        assert runs == 2 or study.statistical_power(runs - 1, 1.0, d) < 0.8
+
+
 def test_time_ratio_is_the_ratio_of_geometric_means():
     a, b = [3.0, 3.2, 3.1], [2.4, 2.5, 2.6]
     result = study.time_ratio(a, b)
