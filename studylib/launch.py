@@ -397,7 +397,8 @@ def report_main(argv):
     try:
         args = parse_report_args(argv)
         report.write_outputs(args.study_dir, target=args.target, resolve=args.resolve,
-                             require_speedup=args.speedup, require_variance=args.variance)
+                             require_speedup=args.speedup, require_variance=args.variance,
+                             margin=args.margin, time_margin=args.time_margin)
     except StudyError as error:
         print(f'error: {error}', file=sys.stderr, flush=True)
         return 1

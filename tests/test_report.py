@@ -318,3 +318,96 @@ def _unlocked(study_dir):
     with open(os.path.join(study_dir, 'study.lock')) as lock:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises if a launch still held it
     return True
+
+
+# Claims a referee signs (issue 35)
+
+NINE = [0.93947, 0.93986, 0.94011, 0.94037, 0.9405, 0.94063, 0.94082, 0.94121, 0.94153]
+
+
+def test_record_claims_count_diverged_runs_and_are_holm_adjusted(tmp_path):
+    """The issue's study: a configuration of nine runs about 94.05% and one that diverged at 10%,
+    beside two others. Its claim counts the diverged run (p = 0.827, not the 0.024 of the nine),
+    shows the divergence rate with its exact interval and the one-sided bound beside the verdict;
+    the three claims are one Holm family. The configurations table no longer holds a verdict."""
+    study_dir = str(tmp_path / 'record')
+    make_study(study_dir, {name: config(name) for name in ('record', 'steady', 'short')}, 10,
+               target=0.94)
+    for run, accuracy in enumerate(NINE):
+        add_run(study_dir, 'record', run, accuracy)
+        add_run(study_dir, 'steady', run, accuracy + 0.001)
+        add_run(study_dir, 'short', run, accuracy - 0.002)
+    add_run(study_dir, 'record', 9, 0.10, diverged=True)
+    summary = study.write_outputs(study_dir)
+    claims = summary['target_claims']['claims']
+    record = claims['record']
+    assert record['p_value'] == pytest.approx(0.826914, abs=1e-6)
+    assert (record['n'], record['diverged'], record['above_target']) == (10, 1, False)
+    assert record['lower_bound'] < 0.94
+    p_values = [claims[name]['p_value'] for name in ('record', 'steady', 'short')]
+    assert [claims[name]['p_holm'] for name in ('record', 'steady', 'short')] == \
+        pytest.approx(study.holm(p_values))
+    assert claims['steady']['above_target'] is True and claims['steady']['lower_bound'] > 0.94
+    assert 'the 3 target claims' in summary['target_claims']['family']
+    report = open(os.path.join(study_dir, 'report.md')).read()
+    assert '| record | 10 (1) | 0.100 [0.003, 0.445] |' in report
+    assert '95% lower bound (one-sided)' in report
+    assert 'above 0.94 at 5%' not in report  # the old verdict beside the two-sided interval
+
+
+def test_no_power_from_the_observed_difference(tmp_path):
+    """Power computed at the observed difference (post-hoc power) is a function of the p-value:
+    neither summary.json nor report.md gives it; runs to resolve a difference come only from
+    --resolve, a difference fixed in advance."""
+    study_dir = str(tmp_path / 'posthoc')
+    make_study(study_dir, {name: config(name) for name in ('base', 'other')}, 6)
+    rng = np.random.default_rng(8)
+    for run in range(6):
+        add_run(study_dir, 'base', run, 0.94 + rng.normal(0, 0.0015))
+        add_run(study_dir, 'other', run, 0.941 + rng.normal(0, 0.0015))
+    summary = study.write_outputs(study_dir)
+    comparison = summary['comparisons']['comparisons'][0]
+    assert 'runs_to_resolve_difference' not in comparison and 'runs_to_resolve' not in comparison
+    report = open(os.path.join(study_dir, 'report.md')).read()
+    assert 'runs for 80% power' not in report and 'observed difference' not in report
+    summary = study.write_outputs(study_dir, resolve=0.1)
+    assert summary['comparisons']['comparisons'][0]['runs_to_resolve'] > 2
+
+
+def test_report_margin_gives_equivalence_tests(tmp_path):
+    """`study.py report DIR --margin 0.3 --time-margin 1.05`: each comparison gets the TOST of its
+    accuracy (paired, as the design) within 0.3 points and of its time per device model within
+    [1/1.05, 1.05], the equivalence tests Holm-adjusted as one family; a bad margin is refused."""
+    study_dir = str(tmp_path / 'equivalence')
+    make_study(study_dir, {name: config(name) for name in ('base', 'same', 'slower')}, 8)
+    rng = np.random.default_rng(9)
+    for run in range(8):
+        shared = rng.normal(0, 0.001)
+        add_run(study_dir, 'base', run, 0.94 + shared + rng.normal(0, 0.0005),
+                seconds=3.0 + rng.normal(0, 0.02))
+        add_run(study_dir, 'same', run, 0.94 + shared + rng.normal(0, 0.0005),
+                seconds=3.0 + rng.normal(0, 0.02))
+        add_run(study_dir, 'slower', run, 0.94 + shared + rng.normal(0, 0.0005),
+                seconds=3.6 + rng.normal(0, 0.02))
+    assert study.main(['report', study_dir, '--margin', '0.3', '--time-margin', '1.05']) == 0
+    summary = read_summary(study_dir)
+    found = {c['config']: c for c in summary['comparisons']['comparisons']}
+    runs, _ = study.load_study(study_dir, outputs=False)
+    accuracy = {name: runs[runs['config'] == name]['accuracy'].to_numpy()
+                for name in ('base', 'same')}
+    seconds = {name: runs[runs['config'] == name]['total_time_seconds'].to_numpy()
+               for name in ('base', 'same', 'slower')}
+    expected = study.equivalence_test(accuracy['base'], accuracy['same'], 0.003, paired=True)
+    assert found['same']['equivalence']['p_value'] == pytest.approx(expected['p_value'])
+    time_test = found['same']['time_equivalence_by_device']['GPU A']
+    assert time_test['p_value'] == pytest.approx(study.equivalence_test(
+        seconds['base'], seconds['same'], 1.05, ratio=True)['p_value'])
+    assert time_test['equivalent'] is True
+    assert found['slower']['time_equivalence_by_device']['GPU A']['equivalent'] is False
+    tests = [found[n]['equivalence'] for n in ('same', 'slower')] + \
+        [found[n]['time_equivalence_by_device']['GPU A'] for n in ('same', 'slower')]
+    assert [t['p_holm'] for t in tests] == pytest.approx(study.holm([t['p_value'] for t in tests]))
+    report = open(os.path.join(study_dir, 'report.md')).read()
+    assert 'Equivalence of accuracy within ±0.3 points' in report
+    assert 'As fast as, within a ratio of 1.05' in report
+    assert study.main(['report', study_dir, '--time-margin', '0.95']) == 1
