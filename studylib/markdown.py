@@ -256,8 +256,8 @@ def variance_lines(section):
         return [f'Not computed: {missing(section)}.']
     notes = Notes()
     lines = ['| configuration | TTA | n | mean accuracy | test-set std [95% CI] | '
-             'distribution-wise std [95% CI] | CACE [95% CI] | CACE if calibrated |',
-             '|---|---|---|---|---|---|---|---|']
+             'distribution-wise std [95% CI] | CACE [95% CI] | CACE if calibrated | '
+             'plug-in CACE | bins used |', '|---|---|---|---|---|---|---|---|---|---|']
     for config, entries in section.items():
         for key, e in entries.items():
             tta = 'yes' if key == 'tta' else 'no'
@@ -268,22 +268,31 @@ def variance_lines(section):
             dist = fmt(e['distribution_wise_std']) if e['distribution_wise_std'] is not None \
                 else 'below 0' + notes.mark(dict(reliable=False,
                                                  reason=e['distribution_wise_note']))
+            cace = fmt(calibration['estimate']) + notes.mark(dict(
+                reliable=calibration.get('comparable', True), reason=calibration.get('note')))
             lines.append(
                 f"| {config} | {tta} | {e['n']} | {fmt(e['mean'])} | {fmt(e['test_set_std'])} "
                 f"{fmt_interval(*e['test_set_std_ci'])} | {dist} "
-                f"{fmt_interval(*e['distribution_wise_std_ci'])} | "
-                f"{fmt(calibration['estimate'])} "
+                f"{fmt_interval(*e['distribution_wise_std_ci'])} | {cace} "
                 f"{fmt_interval(calibration['ci_low'], calibration['ci_high'])} | "
                 f"{fmt(calibration['calibrated_level'])} (up to "
-                f"{fmt(calibration['calibrated_upper'])}) |")
-    return lines + ['', 'Test-set std: between runs, with the chi-square interval. '
-                    'Distribution-wise std: the part of it that is not the sampling of the test '
-                    'set (Jordan 2024, Theorem 2), with the same interval less that sampling term. '
-                    'CACE: class-aggregated calibration error of the ensemble of runs (Jiang et al. '
-                    '2022) in 15 equal-mass bins, with the basic bootstrap interval over test '
-                    'examples; "if calibrated": the mean (and 97.5th percentile) of the same '
-                    "figure for labels drawn from the ensemble's own vote shares, the floor of a "
-                    'test set this size.'] + notes.lines()
+                f"{fmt(calibration['calibrated_upper'])}) | {fmt(calibration['plug_in'])} | "
+                f"{'/'.join(map(str, calibration.get('bins_used') or []))} |")
+    return lines + ['', 'Test-set std: between runs, with the chi-square interval, which assumes '
+                    'runs spread normally (with a tail of bad runs it covers less: 85 to 92% in '
+                    'docs/studies.md). Distribution-wise std: the part of it that is not the '
+                    'sampling of the test set (Jordan 2024, Theorem 2), with the same interval '
+                    'less that sampling term. CACE: class-aggregated calibration error (Jiang et '
+                    'al. 2022) of the ensemble in the limit of many runs, estimated the same way '
+                    'at any number of runs from 100: pairs binned by the vote shares of 50 runs '
+                    'of one half of the runs (even or odd), in up to 15 bins of nearly equal mass '
+                    '(bins used: per half), and scored against the other half\'s shares, both '
+                    'ways round; interval: the estimate +- 1.96 bootstrap standard deviations '
+                    'over test examples. "if calibrated": the mean (and 97.5th percentile) of '
+                    "the figure for labels drawn from the scoring half's own vote shares, the "
+                    'floor of a test set this size. Plug-in CACE: the definition applied to the '
+                    'ensemble of these runs, which falls as runs are added (not comparable across '
+                    'studies).'] + notes.lines()
 
 
 def report_lines(summary):

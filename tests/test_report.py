@@ -279,7 +279,7 @@ def test_variance_streamed_over_runs_equals_the_arrays_and_grows_run_by_run(tmp_
         assert entry['n'] == 8
         assert entry['distribution_wise_variance'] == pytest.approx(
             variance.distribution_wise_variance(correct), rel=1e-12)
-        assert entry['calibration']['estimate'] == pytest.approx(
+        assert entry['calibration']['plug_in'] == pytest.approx(
             variance.class_aggregated_calibration_error(predictions[key], labels,
                                                         num_classes=classes), rel=1e-12)
     runs, arrays = study.load_study(study_dir)

@@ -448,48 +448,67 @@ def simulated_ensemble(runs, examples=10000, classes=10, temperature=1.0, seed=0
     return predictions, labels
 
 
-def test_calibration_error_does_not_grow_with_runs():
-    """Calibrated ensembles of 100 and 1000 runs on 10,000 examples (measured: 0.028 and 0.022,
-    their calibrated levels 0.014): the equal-mass estimate stays below 0.035 and within its
-    calibrated level's reach, where every vote level its own bin (the former default) gives 0.064
-    and 0.174; an over-confident ensemble (measured 0.34 and 0.29, calibrated levels up to 0.026)
-    is above 0.2 at both."""
+def test_calibration_bins_are_what_they_say():
+    """A zero-vote level holding 80% of the pairs and ten levels of 2% each, in 5 bins: the zero
+    level is a bin alone and the ten share the other 4 (6, 6, 4, 4%); the former rule (level v to
+    bin floor(B * F(v))) put the ten in one and used 2 of the 5. A simulated ensemble of 100 runs
+    uses 15 of its 15 bins, and the result lists them."""
+    pairs = np.array([80] + [2] * 10)
+    binning = variance.equal_mass_bins(pairs, 5)
+    used = variance.bins_used(pairs, binning, 10)
+    assert [b['share'] for b in used] == pytest.approx([0.8, 0.06, 0.06, 0.04, 0.04])
+    assert (used[1]['low'], used[1]['high']) == (0.1, 0.3)
+    coverage = load_tool('coverage')
+    halves, labels = coverage.simulated_halves(100, 1.0, np.random.default_rng(14))
+    entry = variance.split_half_calibration_error(halves, labels)[0]
+    assert entry['bins_used'] == [15, 15] and len(entry['bins']) == 15
+    assert sum(b['share'] for b in entry['bins']) == pytest.approx(1.0)
+
+
+def test_calibration_error_means_the_same_at_100_and_1000_runs():
+    """An ensemble calibrated in the limit (10,000 examples, 10 classes), 40 simulated test sets
+    at each size: the split-half estimate's mean at 100 and at 1000 runs agree within 3 standard
+    errors of their difference (measured 0.0221 and 0.0220, docs/studies.md), and each set's
+    interval holds the other size's mean in at least 34 of 40 (measured coverage 95%); the
+    plug-in estimate of the same runs falls from 0.031 to 0.018 (the issue's finding). An
+    over-confident ensemble (labels from pi^0.6) reads about 0.30 at both sizes, far above the
+    level of a calibrated one."""
+    coverage = load_tool('coverage')
+    found = {}
     for runs in (100, 1000):
-        predictions, labels = simulated_ensemble(runs, seed=runs)
-        result = study.calibration_error(predictions, labels)
-        assert result['estimate'] < 0.035
-        assert result['ci_low'] <= result['calibrated_upper']
-        per_level = variance.class_aggregated_calibration_error(predictions, labels, bins=None)
-        assert per_level > (0.05 if runs == 100 else 0.15)
-        predictions, labels = simulated_ensemble(runs, temperature=0.6, seed=runs)
-        result = study.calibration_error(predictions, labels)
-        assert result['ci_low'] > 0.2 > 5 * result['calibrated_upper']
+        rng = np.random.default_rng(runs)
+        entries, plug_ins = [], []
+        for _ in range(40):
+            halves, labels = coverage.simulated_halves(runs, 1.0, rng)
+            entries.append(variance.split_half_calibration_error(halves, labels, rng=rng)[0])
+            votes = halves[0][0] + halves[1][0]
+            binning = variance.equal_mass_bins(variance.level_counts(votes, runs), 15)
+            plug_ins.append(np.abs(variance.deviations(votes, votes / runs, labels, binning)
+                                   .sum(0)).sum() / labels.size)
+        found[runs] = entries, np.array([e['estimate'] for e in entries]), np.mean(plug_ins)
+    difference = found[100][1].mean() - found[1000][1].mean()
+    standard_error = math.sqrt(found[100][1].var(ddof=1) / 40 + found[1000][1].var(ddof=1) / 40)
+    assert abs(difference) < 3 * standard_error
+    for runs, other in ((100, 1000), (1000, 100)):
+        mean = found[other][1].mean()
+        assert sum(e['ci_low'] <= mean <= e['ci_high'] for e in found[runs][0]) >= 34
+    assert found[100][2] > 0.027 and found[1000][2] < 0.021
+    for runs in (100, 1000):
+        halves, labels = coverage.simulated_halves(runs, 0.6, np.random.default_rng(runs))
+        tally = study.EnsembleTally(labels, 10)
+        tally.votes[:] = [votes for votes, _ in halves]
+        tally.accuracies = [0.0] * runs
+        result = tally.calibration_error()
+        assert 0.27 < result['estimate'] < 0.33
+        assert result['ci_low'] > 5 * result['calibrated_upper']
 
 
-def test_calibration_interval_covers_the_estimators_value_on_other_test_sets():
-    """An over-confident ensemble of 50 runs and 40 test sets of 1000 examples drawn from the same
-    distribution: the interval of each covers the estimator's mean over 200 other test sets in at
-    least 32 of them (95% nominal: fewer than 32 of 40 has probability 0.0004)."""
-    rng = np.random.default_rng(11)
-    classes, examples, runs = 10, 1000, 50
-
-    def test_set():
-        probabilities = rng.dirichlet(np.full(classes, 0.15), examples)
-        cumulative = probabilities.cumsum(axis=1)
-        predictions = np.minimum((rng.random((runs, examples, 1)) > cumulative[None]).sum(2),
-                                 classes - 1)
-        tempered = probabilities ** 0.8
-        tempered /= tempered.sum(axis=1, keepdims=True)
-        labels = np.minimum((rng.random((examples, 1)) > tempered.cumsum(axis=1)).sum(1),
-                            classes - 1)
-        return predictions, labels
-    truth = np.mean([variance.class_aggregated_calibration_error(*test_set())
-                     for _ in range(200)])
-    covered = 0
-    for _ in range(40):
-        result = study.calibration_error(*test_set())
-        covered += result['ci_low'] <= truth <= result['ci_high']
-    assert covered >= 32
+def test_calibration_error_below_100_runs_says_it_does_not_compare():
+    predictions, labels = simulated_ensemble(20, examples=2000, seed=15)
+    result = study.calibration_error(predictions, labels)
+    assert result['comparable'] is False and 'not 50' in result['note']
+    assert result['binning_runs'] == 10
+    assert study.calibration_error(predictions[:1], labels)['estimate'] is None
 
 
 def test_tally_one_run_at_a_time_equals_the_arrays():
@@ -504,10 +523,16 @@ def test_tally_one_run_at_a_time_equals_the_arrays():
     assert summary['distribution_wise_variance'] == pytest.approx(
         variance.distribution_wise_variance(correct), rel=1e-12)
     assert summary['test_set_std'] == pytest.approx(variance.test_set_std(correct.mean(axis=1)))
-    assert summary['calibration']['estimate'] == \
-        variance.class_aggregated_calibration_error(predictions, labels)
+    assert summary['calibration']['plug_in'] == pytest.approx(
+        variance.class_aggregated_calibration_error(predictions, labels), rel=1e-12)
+    halves = [(variance.ensemble_votes(predictions[h::2], 10), 20) for h in (0, 1)]
+    direct = variance.split_half_calibration_error(halves, labels,
+                                                   rng=np.random.default_rng(0))[0]
+    assert summary['calibration']['estimate'] == pytest.approx(direct['estimate'], rel=1e-12)
+    assert summary['calibration']['ci_high'] == pytest.approx(direct['ci_high'], rel=1e-12)
     low, high = variance.sample_variance_interval(correct.mean(axis=1), 0.95)
     assert summary['test_set_std_ci'] == pytest.approx([math.sqrt(low), math.sqrt(high)])
+    assert 'normal' in summary['test_set_std_ci_assumes']
 
 
 def test_negative_distribution_wise_variance_has_no_std_but_an_interval():

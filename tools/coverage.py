@@ -344,6 +344,71 @@ def boundary_table(args, counts):
             print(f'| {name} | {noise} | ' + ' | '.join(cells) + ' |', flush=True)
 
 
+def simulated_halves(runs, temperature, rng, examples=10000, classes=10):
+    """(halves, labels) of a simulated ensemble: each run predicts example i's class from its
+    probabilities pi_i (Dirichlet, 0.15), independently of the other runs, so that the votes of a
+    half are one multinomial draw per example (10,000 runs without 10,000 runs' predictions); the
+    labels are drawn from pi^temperature, normalized (1: calibrated in the limit of many runs;
+    0.6: labels less certain than the votes, an over-confident ensemble)."""
+    probabilities = rng.dirichlet(np.full(classes, 0.15), examples)
+    tempered = probabilities ** temperature
+    tempered /= tempered.sum(axis=1, keepdims=True)
+    labels = np.minimum((rng.random((examples, 1)) > tempered.cumsum(axis=1)).sum(axis=1),
+                        classes - 1)
+    halves = [(rng.multinomial((runs + 1 - h) // 2, probabilities), (runs + 1 - h) // 2)
+              for h in (0, 1)]
+    return halves, labels
+
+
+def calibration_cell(runs, temperature, sets, seed):
+    """The split-half estimate at `runs` runs: its mean over 3 * sets simulated test sets (the
+    estimator's expectation, the truth its interval is for), and over `sets` others the coverage
+    of that mean by the interval and the interval's mean width."""
+    rng = np.random.default_rng(seed)
+    estimates = [variance.split_half_calibration_error(
+        *simulated_halves(runs, temperature, rng), rng=rng)[0]['estimate']
+        for _ in range(3 * sets)]
+    truth = float(np.mean(estimates))
+    covered, widths = 0, []
+    for _ in range(sets):
+        entry = variance.split_half_calibration_error(*simulated_halves(runs, temperature, rng),
+                                                      rng=rng)[0]
+        covered += entry['ci_low'] <= truth <= entry['ci_high']
+        widths.append(entry['ci_high'] - entry['ci_low'])
+    return dict(mean=truth, standard_error=float(np.std(estimates, ddof=1)
+                                                 / math.sqrt(len(estimates))),
+                coverage=covered / sets, width=float(np.mean(widths)))
+
+
+def calibration_table(args):
+    """The calibration error of simulated ensembles (10,000 examples, 10 classes) at 100, 1000
+    and 10,000 runs: one test set's figures, and the estimator's mean with its interval's
+    coverage over --studies / 4 test sets."""
+    sets = max(args.studies // 4, 10)
+    print(f'Class-aggregated calibration error, 10,000 examples, 10 classes; the mean over '
+          f'{3 * sets} simulated test sets, the coverage of that mean by the 95% interval and '
+          f'its mean width over {sets} others\n')
+    print('| ensemble | runs | one test set: estimate [95% CI] | plug-in | calibrated level '
+          '(97.5%) | bins used | mean estimate (standard error) | coverage | mean width |')
+    print('|---|---|---|---|---|---|---|---|---|')
+    for name, temperature in (('calibrated in the limit (labels from pi)', 1.0),
+                              ('over-confident (labels from pi^0.6)', 0.6)):
+        for runs in (100, 1000, 10000):
+            rng = np.random.default_rng(runs)
+            halves, labels = simulated_halves(runs, temperature, rng)
+            tally = variance.EnsembleTally(labels, 10)
+            tally.votes[:] = [votes for votes, _ in halves]
+            tally.accuracies = [0.0] * runs  # only their number counts here
+            one = tally.calibration_error()
+            cell = calibration_cell(runs, temperature, sets, seed=runs + 1)
+            print(f"| {name} | {runs} | {one['estimate']:.4f} [{one['ci_low']:.4f}, "
+                  f"{one['ci_high']:.4f}] | {one['plug_in']:.4f} | "
+                  f"{one['calibrated_level']:.4f} ({one['calibrated_upper']:.4f}) | "
+                  f"{'/'.join(map(str, one['bins_used']))} | {cell['mean']:.4f} "
+                  f"({cell['standard_error']:.4f}) | {100 * cell['coverage']:.1f}% | "
+                  f"{cell['width']:.4f} |", flush=True)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--studies', type=int, default=400)
