@@ -295,13 +295,27 @@ def variance_lines(section):
                     'studies).'] + notes.lines()
 
 
+def looks_lines(looks):
+    """Whether the claims below are confirmatory, and why not."""
+    if not looks or missing(looks):
+        return [f'Looks at the data: not known ({missing(looks)}).', ''] if looks else []
+    if not looks['exploratory']:
+        lines = ['Claims: confirmatory (the target and the plan were fixed before the results '
+                 'were seen, and every planned run is in).']
+    else:
+        lines = ['**Claims: exploratory**, marked so below: ' + '; '.join(looks['reasons'])
+                 + '. ' + looks['rule']]
+    return lines + [f'Note: {note}.' for note in looks['notes']] + ['']
+
+
 def report_lines(summary):
     looks = summary.get('looks')
     lines = [f"# Study: {summary['accuracy_on']} accuracy", '',
              f"{summary['runs_finished']} of {len(summary['configs']) * summary['runs_requested']} "
              f"runs finished ({summary['status']}); {summary['runs_failed']} failed, "
              f"{summary['runs_diverged']} diverged; seeds from {summary['seed']}, varying "
-             f"{summary['vary']}.", '', '## Configurations', '', *config_table(summary), '',
+             f"{summary['vary']}.", '', *looks_lines(looks), '## Configurations', '',
+             *config_table(summary), '',
              *failure_lines(summary),
              'TTA: what each configuration\'s accuracy is measured with (its net.tta_level). std: '
              "between runs. 95% CI: of the mean (Student's t). Timed seconds per device model, "

@@ -1,6 +1,6 @@
 """summary.json's numbers: a study's configurations, comparisons, speedups and variance, computed
 from its records (load_study) and its saved logits (streamed), each analysis alone."""
-from . import analysis
+from . import analysis, looks
 from .load import ensemble_tallies, failed_runs, load_study, read_study, test_labels
 
 
@@ -10,7 +10,7 @@ def summarize(study_dir, target=None, resolve=None, margin=None, time_margin=Non
     for which every comparison gets the runs needed to detect it; margin (points of accuracy) and
     time_margin (a ratio of times): the equivalence margins of the comparisons."""
     study = read_study(study_dir)
-    target = target if target is not None else study.target
+    given, target = target, target if target is not None else study.target
     settings = study.settings
     runs, _ = load_study(study_dir, outputs=False)
     failed = failed_runs(study_dir, study)
@@ -31,6 +31,8 @@ def summarize(study_dir, target=None, resolve=None, margin=None, time_margin=Non
         variance=analysis.section(variance_analysis, study_dir, runs, settings),
         launches=[dict(id=launch['id'], started=launch['started'],
                        environment=launch['environment']) for launch in study.launches])
+    summary['looks'] = analysis.section(looks.looks_analysis, study, runs, summary, given,
+                                        looks.read_looks(study_dir))
     return summary, runs
 
 

@@ -411,3 +411,95 @@ def test_report_margin_gives_equivalence_tests(tmp_path):
     assert 'Equivalence of accuracy within ±0.3 points' in report
     assert 'As fast as, within a ratio of 1.05' in report
     assert study.main(['report', study_dir, '--time-margin', '0.95']) == 1
+
+
+def rewrite_study(study_dir, **changes):
+    path = os.path.join(study_dir, 'study.json')
+    with open(path) as f:
+        content = json.load(f)
+    content.update(changes)
+    with open(path, 'w') as f:
+        json.dump(content, f)
+
+
+def test_a_target_chosen_after_the_runs_makes_the_claims_exploratory(tmp_path):
+    """`study.py report DIR --target T` after the runs: the report says the claims are
+    exploratory, why, and the rule that would make them confirmatory, and marks each verdict;
+    the study's own target, set at its launch before any run, gives confirmatory claims."""
+    study_dir = str(tmp_path / 'retarget')
+    make_study(study_dir, {'a': config('a')}, 9, target=0.94)
+    for run, accuracy in enumerate(NINE):
+        add_run(study_dir, 'a', run, accuracy)
+    summary = study.write_outputs(study_dir)
+    assert summary['looks']['exploratory'] is False
+    report = open(os.path.join(study_dir, 'report.md')).read()
+    assert 'Claims: confirmatory' in report and '| yes |' in report
+    summary = study.write_outputs(study_dir, target=0.9395)
+    assert summary['looks']['exploratory'] is True
+    assert 'the target 0.9395 was given to `study.py report` after 9 runs' in \
+        summary['looks']['reasons'][0]
+    report = open(os.path.join(study_dir, 'report.md')).read()
+    assert '**Claims: exploratory**' in report and 'yes (exploratory)' in report
+    assert 'fixed-n design' in report and 'alpha by a bound fixed in advance' in report
+    with open(os.path.join(study_dir, 'analysis', 'looks.json')) as f:
+        looks = json.load(f)['looks']
+    assert [look['target'] for look in looks] == [0.94, 0.9395]
+    assert [look['target_given'] for look in looks] == [None, 0.9395]
+
+
+def test_runs_added_after_a_report_make_the_claims_exploratory(tmp_path):
+    """A study of 4 runs reported, then extended to 8 (study.json's runs grown, 4 more runs):
+    the claims are exploratory, naming the report they follow. Runs added within the plan after
+    an interim report are only noted (a fixed n claimed at its end), and a partial study's
+    claims are an interim look."""
+    study_dir = str(tmp_path / 'extended')
+    make_study(study_dir, {'a': config('a')}, 4, target=0.94)
+    for run in range(2):
+        add_run(study_dir, 'a', run, NINE[run])
+    interim = study.write_outputs(study_dir)
+    assert interim['looks']['exploratory'] and 'interim look' in interim['looks']['reasons'][0]
+    for run in range(2, 4):
+        add_run(study_dir, 'a', run, NINE[run])
+    complete = study.write_outputs(study_dir)
+    assert not complete['looks']['exploratory']
+    assert 'the runs added since were planned before it' in complete['looks']['notes'][0]
+    rewrite_study(study_dir, runs=8)
+    for run in range(4, 8):
+        add_run(study_dir, 'a', run, NINE[run])
+    extended = study.write_outputs(study_dir)
+    assert extended['looks']['exploratory']
+    assert any('runs were added beyond the plan after the report of' in reason and
+               '4 per configuration planned; now 8' in reason
+               for reason in extended['looks']['reasons'])
+
+
+def test_a_launch_that_retargets_or_extends_after_runs_is_seen(tmp_path):
+    """Without looks.json (reports of an older study.py): study.json's launches tell. A second
+    launch, started after runs were finished, that sets another target or more runs makes the
+    claims exploratory; one that repeats the first command (a study continued) does not."""
+    study_dir = str(tmp_path / 'launches')
+    make_study(study_dir, {'a': config('a')}, 4, target=0.94)
+    first = ['study.py', 'airbench94', '--runs', '4', '--study-dir', study_dir, '--target',
+             '0.94', '--', '--epochs', '1']
+
+    def launch(started, command):
+        return dict(id=started[-2:], started=started, command=command,
+                    environment=dict(world_size=1))
+    for run in range(4):
+        add_run(study_dir, 'a', run, NINE[run])  # finished 2026-11-26T00:00:01
+    rewrite_study(study_dir, launches=[launch('2026-11-26T00:00:00', first),
+                                       launch('2026-11-26T01:00:00', first)])
+    assert not study.write_outputs(study_dir)['looks']['exploratory']
+    os.remove(os.path.join(study_dir, 'analysis', 'looks.json'))
+    retarget = [*first[:7], '0.939', *first[8:]]
+    rewrite_study(study_dir, launches=[launch('2026-11-26T00:00:00', first),
+                                       launch('2026-11-26T01:00:00', retarget)])
+    reasons = study.write_outputs(study_dir)['looks']['reasons']
+    assert reasons == ['the target was set to 0.939 by the launch of 2026-11-26T01:00:00, after '
+                       '4 runs were finished (before: 0.94)']
+    os.remove(os.path.join(study_dir, 'analysis', 'looks.json'))
+    more = [*first[:3], '8', *first[4:]]
+    rewrite_study(study_dir, launches=[launch('2026-11-26T00:00:00', first),
+                                       launch('2026-11-26T01:00:00', more)])
+    reasons = study.write_outputs(study_dir)['looks']['reasons']
+    assert any('extended the study (--runs 4 -> 8' in reason for reason in reasons)
