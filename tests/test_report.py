@@ -503,3 +503,45 @@ def test_a_launch_that_retargets_or_extends_after_runs_is_seen(tmp_path):
                                        launch('2026-11-26T01:00:00', more)])
     reasons = study.write_outputs(study_dir)['looks']['reasons']
     assert any('extended the study (--runs 4 -> 8' in reason for reason in reasons)
+
+
+def test_log_ticks_are_few_readable_and_inside_the_range():
+    """The additive-ablation study's errors spanned 3e-9 to 1 once its fits were drawn, and every
+    minor tick was labelled: labels overprinted. Ticks now number 2 to 8 at any range, inside
+    it, each label distinct."""
+    for low, high in ((3e-9, 1.0), (1e-3, 0.9), (0.02, 0.3), (0.035, 0.065), (0.0312, 0.0488),
+                      (0.05, 0.051), (0.0078, 0.85)):
+        ticks = plots.log_ticks(low, high)
+        labels = [f'{tick:.3g}' for tick in ticks]
+        assert 2 <= len(ticks) <= 8 and len(set(labels)) == len(labels), (low, high, ticks)
+        assert all(low <= tick <= high for tick in ticks)
+
+
+def test_epochs_plot_draws_no_law_where_none_fits_and_keeps_intervals_in_0_1(tmp_path,
+                                                                            monkeypatch):
+    """A curve whose fit stopped at a bound ("no law fits") gets its points and no fitted line
+    (before: a dashed law drawn down to 1e-9); a free fit gets its line over the measured epochs
+    only; an interval of a mean accuracy that runs past 1 is cut at an error of 0, and the y axis
+    spans the data."""
+    curve = dict(epochs=[1.0, 2.0, 4.0], mean_accuracy=[0.7, 0.9, 0.999],
+                 ci_low=[0.6, 0.85, 0.99], ci_high=[0.8, 0.95, 1.004],
+                 fit=dict(a=-9.9, b=0.3, c=0.0, at_bounds=['c']), lack_of_fit=None)
+    free = dict(curve, mean_accuracy=[0.7, 0.8, 0.85], ci_low=[0.69, 0.79, 0.84],
+                ci_high=[0.71, 0.81, 0.86], fit=dict(a=-1.0, b=0.3, c=0.0, at_bounds=[]),
+                lack_of_fit=dict(p_value=0.5))
+    figures = {}
+    monkeypatch.setattr(plots, 'save', lambda figure, directory, name, plt:
+                        figures.setdefault(name, figure))
+    import matplotlib.pyplot as plt
+    plots.plot_epochs(str(tmp_path), dict(metric='accuracy', curves={'bound': curve,
+                                                                    'free': free}), plt)
+    axes = figures['epochs.png'].axes[0]
+    lines = [line for line in axes.get_lines() if len(line.get_xdata()) == 100]
+    assert len(lines) == 1 and min(lines[0].get_xdata()) == 1.0 and max(lines[0].get_xdata()) \
+        == 4.0
+    labels = [text.get_text() for text in axes.get_legend().get_texts()]
+    assert labels == ['bound (no law fits)', 'free']
+    errors, low, high = plots.error_bars(curve)
+    assert low[2] == 0.0 and (high <= 1).all()
+    bottom, top = axes.get_ylim()  # the smallest and largest error shown, with a margin
+    assert (bottom, top) == pytest.approx((0.001 / 1.25, 0.4 * 1.25))
