@@ -51,10 +51,10 @@ from studylib.variance import (EnsembleTally, calibration_error,  # noqa: E402
                                distribution_wise_variance, test_set_std)
 
 __all__ = ['main', 'load_study', 'write_outputs', 'compare', 'target_test', 'equivalence_test',
-           'runs_needed', 'statistical_power', 'describe', 'holm', 'time_ratio', 'epochs_to_accuracy',
-           'epochs_to_accuracy_interval', 'effective_speedup', 'effective_speedup_interval',
-           'fit_power_law', 'calibration_error', 'EnsembleTally', 'distribution_wise_variance',
-           'test_set_std']
+           'runs_needed', 'statistical_power', 'describe', 'holm', 'time_ratio',
+           'epochs_to_accuracy', 'epochs_to_accuracy_interval', 'effective_speedup',
+           'effective_speedup_interval', 'fit_power_law', 'calibration_error', 'EnsembleTally',
+           'distribution_wise_variance', 'test_set_std']
 
 if __name__ == '__main__':
     sys.exit(main())

@@ -108,7 +108,8 @@ def target_lines(section, looks=None):
 
 
 def failure_lines(summary):
-    """The failed and diverged runs: they are not in the statistics."""
+    """The failed and diverged runs: not in the description (the target claims count the
+    diverged ones)."""
     lines = []
     for name, c in summary['configs'].items():
         if missing(c):
@@ -118,8 +119,9 @@ def failure_lines(summary):
                          'command retries them; their errors are in runs/CONFIG/RUN.failed.json')
         if c['diverged']:
             lines.append(f"- {name}: {c['diverged']} diverged (a loss not finite), left out of "
-                         'the mean and every analysis')
-    return ['Runs left out of the statistics:', '', *lines, ''] if lines else []
+                         'the mean, the comparisons and the curves; the target claims count them '
+                         'at the accuracy they ended with')
+    return ['Runs left out of the description:', '', *lines, ''] if lines else []
 
 
 def comparison_lines(section, digits=4, looks=None):

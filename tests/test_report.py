@@ -307,6 +307,9 @@ def test_a_launch_with_a_flat_curve_and_a_diverged_configuration_exits_0_with_it
     flat = summary['speedup']['curves']['flat']['epochs_to_target']
     assert flat['estimate'] is None and 'do not fall' in flat['reason']
     assert 'diverged' not in summary['speedup']['curves']
+    claim = summary['target_claims']['claims']['diverged,train_epochs=80']
+    assert (claim['n'], claim['diverged'], claim['divergence_rate']) == (4, 4, 1.0)
+    assert claim['mean'] < 0.5 and claim['above_target'] is None  # chance, counted
     assert summary['comparisons']['resolve'] == 0.1
     report = open(os.path.join(study_dir, 'report.md')).read()
     assert 'runs to resolve 0.1 points' in report and 'undefined' in report
