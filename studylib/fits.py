@@ -381,7 +381,8 @@ def _satterthwaite(statistic, means, parts, freedoms, step=1e-5):
     count = means.size
     shifted = means + step * np.concatenate([np.eye(count), -np.eye(count)])
     values = statistic(shifted)
-    gradient = (values[:count] - values[count:]) / (2 * step)
+    with np.errstate(invalid='ignore'):  # inf - inf where a shifted target is beyond reach
+        gradient = (values[:count] - values[count:]) / (2 * step)
     if not np.isfinite(gradient).all():
         return float(min(freedoms))
     total = gradient.sum()
