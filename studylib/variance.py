@@ -114,9 +114,9 @@ def class_aggregated_calibration_error(predictions, labels, bins=CALIBRATION_BIN
         CACE = (1 / N) * sum_b | sum_{(i, k) in b} (1[y_i = k] - v_ik / R) |.
 
     bins=None makes every level its own bin. Either way the estimate falls as runs are added to
-    an ensemble calibrated in the limit (0.0236, 0.0210, 0.0201 at 100, 1000 and 10,000 runs, in
-    the issue's simulation), as bins of noisy vote shares hold pairs that were binned high because
-    their votes came out high (regression to the mean); every level its own bin grows instead.
+    an ensemble calibrated in the limit, as bins of noisy vote shares hold pairs that were binned
+    high because their votes came out high (regression to the mean; docs/studies.md gives the
+    figures); every level its own bin grows instead.
 
     predictions: runs x examples class ids; labels: the examples' class ids. num_classes
     defaults to 1 + the largest id seen (with bins=None the result does not depend on it).
@@ -155,9 +155,9 @@ def equal_mass_bins(pairs_per_level, bins):
     """The bin of each vote level (an array over levels 0..runs): every level its own bin
     (bins=None), or up to `bins` bins of consecutive levels of nearly equal mass of pairs: a bin
     closes once it holds its share of the pairs not yet binned, the pairs left over the bins
-    left, so that a level heavier than its share (the zero-vote level holds 64 to 84% of the
-    pairs of 10 classes) makes a bin alone and the lighter levels share the other bins, rather
-    than a few. Fewer bins are used only where fewer levels hold pairs."""
+    left, so that a level heavier than its share (the zero-vote level can hold most of the pairs
+    of 10 classes) makes a bin alone and the lighter levels share the other bins, rather than a
+    few. Fewer bins are used only where fewer levels hold pairs."""
     if bins is None:
         return np.arange(pairs_per_level.size)
     if not bins >= 1:
@@ -330,9 +330,8 @@ def split_half_calibration_error(halves, labels, bins=CALIBRATION_BINS, confiden
     (equal_mass_bins) of BINNING_RUNS runs' vote shares: a half of more runs is thinned to that
     many (each example's votes drawn without replacement, multivariate hypergeometric), as the
     bins of more runs are narrower and pool less, which changes the figure. So the estimate's
-    expectation is the same at any number of runs from 2 * BINNING_RUNS: measured 0.0221, 0.0220
-    and 0.0225 at 100, 1000 and 10,000 runs for a simulated ensemble calibrated in the limit, where
-    the plug-in read 0.0312, 0.0183 and 0.0172 (docs/studies.md). It keeps the floor a finite test
+    expectation is the same at any number of runs from 2 * BINNING_RUNS (tools/coverage.py
+    --calibration measures it, docs/studies.md gives the figures). It keeps the floor a finite test
     set gives (labels drawn by chance).
 
     The interval: the estimate +- z * the standard deviation of the estimate over RESAMPLES
