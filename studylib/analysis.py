@@ -228,8 +228,9 @@ def comparisons(runs, configs, resolve=None, margin=None, time_margin=None):
     return dict(family=f"the {len(found)} comparisons of this study, each configuration against "
                        'its baseline (Holm 1979)', comparisons=found, resolve=resolve,
                 margin=margin, time_margin=time_margin,
-                equivalence_family=f'the {len(equivalences)} equivalence tests of this study '
-                                   '(Holm 1979)' if equivalences else None)
+                equivalence_family=f"the {sum(t['p_value'] is not None for t in equivalences)} "
+                                   'equivalence tests of this study that could be made (Holm '
+                                   '1979)' if equivalences else None)
 
 
 def epoch_curves(runs, configs, metric='accuracy'):
