@@ -82,9 +82,11 @@ def main(argv):
                 continue
             lines.append(row(epochs, width, tta, entry))
     write_table(args, 'Variance and class-wise calibration of airbench94', [
-        *lines, '', 'CACE in 15 equal-mass bins, as the engine computes it; "if calibrated": '
-        "its mean for labels drawn from the ensemble's own vote shares (a finite test set's "
-        'floor).'])
+        *lines, '', 'CACE as the engine computes it (docs/studies.md): the split-half estimate, '
+        'pairs binned by 50 runs\' vote shares in up to 15 bins of nearly equal mass and scored '
+        'against the other half of the runs, so that it means the same at any number of runs '
+        'from 100; "if calibrated": its mean for labels drawn from the ensemble\'s own vote '
+        "shares (a finite test set's floor)."])
 
 
 if __name__ == '__main__':

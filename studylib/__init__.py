@@ -11,11 +11,13 @@ a run to its file. collect: rank 0 writing what the processes publish. launch: o
 setup to report.
 
 The analyses. inference: statistics on plain arrays (a mean and its interval, the test against a
-target, comparisons, Holm's adjustment, time ratios, runs needed). fits: power-law fits of error
+target with its one-sided bound, comparisons, equivalence within a margin, Holm's adjustment, time
+ratios, runs needed). fits: power-law fits of error
 against epochs, epochs to a target accuracy, effective speedups and their Monte Carlo intervals.
 variance: test-set and distribution-wise standard deviations between runs and the class-aggregated
 calibration error of the ensemble of runs, one run at a time (EnsembleTally). analysis: what a
 study compares and how (configurations, comparisons by design, epoch curves), each analysis alone.
 load: a study as a pandas table, its saved outputs read on lookup, its ensemble tallies. summary:
-summary.json's numbers. markdown: report.md. plots: the plots. report: writing them all.
+summary.json's numbers. looks: the looks at a study's results, and whether its claims are
+confirmatory. markdown: report.md. plots: the plots. report: writing them all.
 """

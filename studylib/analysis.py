@@ -16,6 +16,7 @@ from . import fits, inference
 
 EPOCHS_KEY = 'opt.train_epochs'
 POWER = 0.8  # the power at which planning figures are given
+ALPHA = 0.05  # the level of every claim: a target, a difference, an equivalence
 TTA_NAMES = {0: 'none', 1: 'mirror', 2: 'six views'}
 
 
@@ -59,28 +60,55 @@ def time_by_device(runs):
             for model, group in runs.groupby('device_model', sort=True)} if len(runs) else {}
 
 
-def config_summary(runs, name, config, target, failures):
-    """One configuration: its accuracies described and tested against the target (diverged runs
-    counted and left out), its TTA, its times per device model and its failed runs (failures:
-    the RUN.failed.json of each, whose last try's error is shown)."""
+def diverged_accuracies(runs, config):
+    """The accuracies a configuration's diverged runs ended with (a record counts every run)."""
+    if not len(runs) or 'diverged' not in runs:
+        return []
+    mine = runs[(runs['config'] == config) & runs['diverged'].fillna(False).astype(bool)]
+    return list(mine['accuracy'].astype(float)) if len(mine) else []
+
+
+def config_summary(runs, name, config, failures):
+    """One configuration: its accuracies described (diverged runs counted and left out of the
+    description; the target claims count them), its TTA, its times per device model and its
+    failed runs (failures: the RUN.failed.json of each, whose last try's error is shown)."""
     mine, diverged = finished(runs, name)
     accuracies = list(mine['accuracy']) if len(mine) else []
-    entry = dict(inference.describe(accuracies), diverged=diverged, tta=tta_of(config.hyp),
-                 time_by_device=time_by_device(mine), failed=len(failures),
-                 failures=sorted({f"{last['error_type']}: "
-                                  f"{(last['error'].splitlines() or [''])[0][:200]}"
-                                  for last in (entry['failures'][-1] for entry in failures)}))
-    if target is not None:
-        test = inference.target_test(accuracies, target)
-        entry.update(p_mean_at_most_target=test['p_value'], target_reason=test['reason'],
-                     above_target_at_5pct=None if test['p_value'] is None
-                     else test['p_value'] < 0.05)
-    return entry
+    return dict(inference.describe(accuracies), diverged=diverged, tta=tta_of(config.hyp),
+                time_by_device=time_by_device(mine), failed=len(failures),
+                failures=sorted({f"{last['error_type']}: "
+                                 f"{(last['error'].splitlines() or [''])[0][:200]}"
+                                 for last in (entry['failures'][-1] for entry in failures)}))
 
 
-def config_summaries(runs, configs, target, failed):
-    return {name: section(config_summary, runs, name, config, target, failed.get(name, []))
+def config_summaries(runs, configs, failed):
+    return {name: section(config_summary, runs, name, config, failed.get(name, []))
             for name, config in configs.items()}
+
+
+def target_claim(runs, config, target):
+    """A configuration's record claim against the target (inference.target_test), counting every
+    run it trained: its diverged runs enter at the accuracy they ended with."""
+    mine, _ = finished(runs, config)
+    return inference.target_test(list(mine['accuracy']) if len(mine) else [], target,
+                                 diverged=diverged_accuracies(runs, config))
+
+
+def target_claims(runs, configs, target):
+    """Every configuration's claim "its mean accuracy exceeds the target", with Holm's adjustment
+    over the family of these claims (one per configuration with a defined test): with five
+    configurations truly at the target and n = 10, one at least reads "above" 22.6% of the time
+    unadjusted (simulated), 5% adjusted. above_target: p_holm < ALPHA."""
+    if target is None:
+        return {'reason': 'no target: give --target ACC in the launch, before the runs are seen'}
+    claims = {name: section(target_claim, runs, name, target) for name in configs}
+    tested = [claim for claim in claims.values() if 'p_value' in claim]
+    for claim, p in zip(tested, inference.holm([claim['p_value'] for claim in tested])):
+        claim.update(p_holm=p, above_target=None if p is None else p < ALPHA)
+    defined = sum(claim['p_value'] is not None for claim in tested)
+    return dict(target=target, alpha=ALPHA, claims=claims,
+                family=f'the {defined} target claims of this study, one per configuration with a '
+                       'defined test (Holm 1979)')
 
 
 def comparison_pairs(configs):
@@ -115,10 +143,12 @@ def paired_runs(mine, theirs):
         bool(shared) and bool(seeds) and same
 
 
-def compare_configs(runs, config, baseline, resolve):
+def compare_configs(runs, config, baseline, resolve, margin=None, time_margin=None):
     """config against baseline: the test the design calls for (paired over runs with the same
-    seeds, else Welch), the other test (for summary.json only), planning figures, and the ratio
-    of their times per device model."""
+    seeds, else Welch), the other test (for summary.json only), with --resolve the runs that
+    resolve a difference fixed in advance, the ratio of their times per device model, and with a
+    margin the equivalence tests (TOST) of accuracy (margin in points) and of time per device
+    model (time_margin, a ratio)."""
     mine, _ = finished(runs, config)
     theirs, _ = finished(runs, baseline)
     pairs, paired = paired_runs(mine, theirs)
@@ -132,16 +162,23 @@ def compare_configs(runs, config, baseline, resolve):
         if min(len(mine), len(theirs)) > 1 else None
     entry = dict(config=config, baseline=baseline, design='paired' if other else 'unpaired',
                  **primary, other_test=other, std=std,
-                 runs_to_resolve_difference=plan_runs(std, primary, primary['difference']),
                  time_ratio_by_device=time_ratios(mine, theirs))
     if resolve is not None:  # points of accuracy, the statistics' fractions times 100
         entry['runs_to_resolve'] = plan_runs(std, primary, resolve / 100)
+    if margin is not None:
+        base, ours = zip(*pairs.values()) if other else (theirs['accuracy'], mine['accuracy'])
+        entry['equivalence'] = inference.equivalence_test(base, ours, margin / 100,
+                                                          paired=bool(other), alpha=ALPHA)
+    if time_margin is not None:
+        entry['time_equivalence_by_device'] = time_equivalences(mine, theirs, time_margin)
     return entry
 
 
 def plan_runs(std, result, difference):
-    """Runs per configuration at which the comparison's test detects `difference` with
-    POWER, at the observed std (and within-pair correlation for paired runs)."""
+    """Runs per configuration at which the comparison's test detects `difference`, a difference
+    fixed before the data (never the observed one: power computed from the observed difference
+    is a function of its p-value and says nothing more), with POWER, at the observed std (and
+    within-pair correlation for paired runs)."""
     if not std or not difference:
         return None
     correlation = result.get('correlation')
@@ -150,52 +187,90 @@ def plan_runs(std, result, difference):
                                  correlation=min(max(correlation or 0.0, -0.99), 0.99))
 
 
+def per_device(mine, theirs, function):
+    """function(baseline's seconds, configuration's seconds) per device model both ran on."""
+    return {model: function(theirs.loc[theirs['device_model'] == model, 'total_time_seconds'],
+                            mine.loc[mine['device_model'] == model, 'total_time_seconds'])
+            for model in sorted(set(mine['device_model']) & set(theirs['device_model']))}
+
+
 def time_ratios(mine, theirs):
-    ratios = {}
-    for model in sorted(set(mine['device_model']) & set(theirs['device_model'])):
-        ratios[model] = inference.time_ratio(
-            theirs.loc[theirs['device_model'] == model, 'total_time_seconds'],
-            mine.loc[mine['device_model'] == model, 'total_time_seconds'])
-    return ratios
+    return per_device(mine, theirs, inference.time_ratio)
 
 
-def comparisons(runs, configs, resolve=None):
+def time_equivalences(mine, theirs, time_margin):
+    """Per device model, the TOST of the ratio of geometric-mean seconds within
+    [1 / time_margin, time_margin] (Welch's t on log seconds, as time_ratio)."""
+    return per_device(mine, theirs, lambda a, b: inference.equivalence_test(
+        a, b, time_margin, ratio=True, alpha=ALPHA))
+
+
+def comparisons(runs, configs, resolve=None, margin=None, time_margin=None):
     """Every comparison of the study, with Holm's adjustment of their p-values over the family of
-    this study's comparisons (the family is named in the result). resolve: a difference in points
-    of accuracy (0.1 = 0.001) for which each comparison gets the runs needed to detect it."""
+    this study's comparisons (the family is named in the result), and of the equivalence tests'
+    p-values over theirs. resolve: a difference in points of accuracy (0.1 = 0.001) fixed in
+    advance, for which each comparison gets the runs needed to detect it; margin: points of
+    accuracy, time_margin: a ratio of times, within which the equivalence tests claim "the
+    same"."""
     pairs = comparison_pairs(configs)
     if not pairs:
         return {'reason': 'one configuration at one grid point: nothing to compare'}
-    found = [dict(section(compare_configs, runs, config, baseline, resolve), config=config,
-                  baseline=baseline) for config, baseline in pairs]
+    found = [dict(section(compare_configs, runs, config, baseline, resolve, margin, time_margin),
+                  config=config, baseline=baseline) for config, baseline in pairs]
     adjusted = inference.holm([entry.get('p_value') for entry in found])
     for entry, p in zip(found, adjusted):
         entry['p_holm'] = p
+    equivalences = [test for entry in found for test in
+                    [entry.get('equivalence'), *(entry.get('time_equivalence_by_device') or {})
+                     .values()] if test is not None]
+    for test, p in zip(equivalences, inference.holm([test['p_value'] for test in equivalences])):
+        test.update(p_holm=p, equivalent=None if p is None else p < ALPHA)
     return dict(family=f"the {len(found)} comparisons of this study, each configuration against "
-                       'its baseline (Holm 1979)', comparisons=found, resolve=resolve)
+                       'its baseline (Holm 1979)', comparisons=found, resolve=resolve,
+                margin=margin, time_margin=time_margin,
+                equivalence_family=f"the {sum(t['p_value'] is not None for t in equivalences)} "
+                                   'equivalence tests of this study that could be made (Holm '
+                                   '1979)' if equivalences else None)
 
 
 def epoch_curves(runs, configs, metric='accuracy'):
-    """{curve: {epochs: per-run values}} for the configurations of an epoch grid (grid points that
-    differ only in their epochs; diverged runs left out), or {'reason': ...}."""
+    """{curve: {epochs: its finished runs (a DataFrame, diverged runs and runs without the metric
+    left out)}} for the configurations of an epoch grid (grid points that differ only in their
+    epochs), or {'reason': ...}."""
     curves = {}
     for name, config in configs.items():
         if EPOCHS_KEY not in config.grid:
             continue
         rest = {k: v for k, v in config.grid.items() if k != EPOCHS_KEY}
         label = ','.join([config.base, *(f'{k}={v}' for k, v in rest.items())])
-        values = finished(runs, name)[0]
-        values = list(values[metric]) if len(values) else []
-        if values:
-            curves.setdefault(label, {})[float(config.hyp['opt']['train_epochs'])] = values
+        mine = finished(runs, name)[0]
+        mine = mine[mine[metric].notna()] if len(mine) else mine
+        if len(mine):
+            curves.setdefault(label, {})[float(config.hyp['opt']['train_epochs'])] = mine
     return curves
 
 
-def curve_entry(curve, target, baseline, baseline_label, is_baseline):
-    """One curve: per epoch count its n, mean and interval; its fit; the epochs to the target and
-    the speedup over the baseline curve at each epoch count, each with its interval."""
+def matched_cells(frames, metric):
+    """The cells' per-run values and whether the design pairs them: paired when 2 or more runs are
+    in every cell with the same seeds (study.py gives run i of every configuration the same
+    seeds), each cell then holding those runs in one order (a partial study's other runs left
+    out); else every run of each cell, unpaired."""
+    seeds = [column for column in frames[0].columns if column.startswith('seed_')]
+    indexed = [frame.set_index('run') for frame in frames]
+    shared = sorted(set.intersection(*(set(frame.index) for frame in indexed)))
+    if seeds and len(shared) >= 2 and all(
+            (frame.loc[shared, seeds].to_numpy() == indexed[0].loc[shared, seeds].to_numpy())
+            .all() for frame in indexed[1:]):
+        return [frame.loc[shared, metric].to_numpy(dtype=float) for frame in indexed], True
+    return [frame[metric].to_numpy(dtype=float) for frame in frames], False
+
+
+def curve_entry(curve, target, baseline, baseline_label, is_baseline, metric='accuracy'):
+    """One curve: per epoch count its n, mean and interval; its fit and the fit's lack-of-fit
+    test; the epochs to the target and the speedup over the baseline curve at each epoch count,
+    each with its interval (paired where the cells' runs share their seeds)."""
     epochs = sorted(curve)
-    points = [inference.describe(curve[e]) for e in epochs]
+    points = [inference.describe(curve[e][metric].to_numpy(dtype=float)) for e in epochs]
     entry = dict(baseline=baseline_label, epochs=epochs, n=[p['n'] for p in points],
                  mean_accuracy=[p['mean'] for p in points],
                  ci_low=[p['ci_low'] for p in points], ci_high=[p['ci_high'] for p in points],
@@ -206,11 +281,19 @@ def curve_entry(curve, target, baseline, baseline_label, is_baseline):
                      fitted_accuracy=[float(1 - law.error_at(e)) for e in epochs])
     except ValueError as error:
         entry['fit_reason'] = str(error)
+    cells, paired = matched_cells([curve[e] for e in epochs], metric)
+    entry.update(design='paired' if paired else 'unpaired',
+                 lack_of_fit=fits.lack_of_fit(epochs, cells, paired))
     if target is not None:
-        entry['epochs_to_target'] = fits.epochs_to_accuracy_interval(curve, target)
+        entry['epochs_to_target'] = fits.epochs_to_accuracy_interval(dict(zip(epochs, cells)),
+                                                                     target, paired=paired)
     if not is_baseline and baseline is not None:
-        entry['speedup'] = {str(e): fits.effective_speedup_interval(baseline, curve[e], e)
-                            for e in epochs}
+        baseline_epochs = sorted(baseline)
+        for e in epochs:
+            cells, paired = matched_cells([baseline[b] for b in baseline_epochs] + [curve[e]],
+                                          metric)
+            entry['speedup'][str(e)] = fits.effective_speedup_interval(
+                dict(zip(baseline_epochs, cells[:-1])), cells[-1], e, paired=paired)
     return entry
 
 
@@ -228,7 +311,7 @@ def speedup_analysis(runs, configs, target, metric='accuracy', baselines=None):
     first = next(iter(usable))
     baseline_of = {label: (baselines or {}).get(label, first) for label in usable}
     analysis = {label: section(curve_entry, curve, target, usable.get(baseline_of[label]),
-                               baseline_of[label], label == baseline_of[label])
+                               baseline_of[label], label == baseline_of[label], metric)
                 for label, curve in usable.items()}
     return dict(metric=metric, baseline=first, target=target, curves=analysis,
                 skipped={label: len(curve) for label, curve in curves.items()

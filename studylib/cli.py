@@ -12,9 +12,15 @@ NAME = r'[A-Za-z0-9][A-Za-z0-9_.+-]*'       # a configuration's name, safe as a 
 GRID_VALUE = r'[A-Za-z0-9_.+-]+'            # a number or a word: legible in a generated name
 
 
-RESOLVE_HELP = ('a difference in points of accuracy (0.1 for 94.0%% against 94.1%%): the report '
-                'gives, for every comparison, the runs per configuration that resolve it at 80%% '
-                'power at the observed spread')
+RESOLVE_HELP = ('a difference in points of accuracy (0.1 for 94.0%% against 94.1%%), fixed before '
+                'the runs are seen: the report gives, for every comparison, the runs per '
+                'configuration that resolve it at 80%% power at the observed spread')
+MARGIN_HELP = ('an equivalence margin in points of accuracy (0.1: within 0.1 points either way): '
+               'every comparison gets the two one-sided tests (TOST) of "the same accuracy", its '
+               '90%% interval and p-value; fix it before looking at the results')
+TIME_MARGIN_HELP = ('an equivalence margin of time, a ratio above 1 (1.05: neither more than 5%% '
+                    'slower nor 5%% faster, i.e. within [1/1.05, 1.05]): every comparison gets '
+                    'the TOST of "as fast as" per device model, on log seconds')
 
 
 class Parser(argparse.ArgumentParser):
@@ -173,8 +179,17 @@ def parse_report_args(argv):
     parser.add_argument('study_dir', metavar='DIR')
     parser.add_argument('--target', type=float, help="the accuracy target (default: the study's)")
     parser.add_argument('--resolve', type=float, metavar='DELTA', help=RESOLVE_HELP)
+    parser.add_argument('--margin', type=float, metavar='POINTS', help=MARGIN_HELP)
+    parser.add_argument('--time-margin', type=float, metavar='RATIO', help=TIME_MARGIN_HELP)
     parser.add_argument('--speedup', action='store_true', help='require the epochs-to-target and '
                         'effective-speedup analysis (an error if the study has no epoch grid)')
     parser.add_argument('--variance', action='store_true', help='require the variance and '
                         'calibration analysis (an error if the study saved no logits)')
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.margin is not None and not args.margin > 0:
+        raise StudyError(f'--margin is a positive number of points of accuracy (0.1), not '
+                         f'{args.margin}')
+    if args.time_margin is not None and not args.time_margin > 1:
+        raise StudyError(f'--time-margin is a ratio above 1 (1.05 for within 5%), not '
+                         f'{args.time_margin}')
+    return args

@@ -10,16 +10,41 @@ c is the asymptote: an error at or below c is never reached. The least-squares f
 so it is equivariant under a change of units of the errors (percent instead of fractions multiplies
 b and c by 100 and leaves a and every epoch count derived from the fit unchanged).
 
-The intervals (epochs_to_accuracy_interval, effective_speedup_interval) propagate each cell's
-sampling distribution through the fit by Monte Carlo: every cell (an epoch count of a curve, or
-the compared configuration) draws its true mean from mean + s / sqrt(n) * T, T a Student t with
-n - 1 degrees of freedom (the distribution JCGM 101:2008, section 6.4.9, assigns to a quantity
-known from n repeated indications), the fit is redone on every draw, and the interval is the
-draws' central quantiles. A single cell gives the exact Student-t interval of a monotone function
-of its mean; the t tails carry the uncertainty of s at small n, which a bootstrap of the runs
-misses (its resampled means spread as sqrt((n - 1) / n) * s / sqrt(n), with normal tails, and its
-intervals covered 81% at n = 5 where 95% was asked). Coverage measured by simulation:
-tools/coverage.py, docs/studies.md.
+The intervals (epochs_to_accuracy_interval, effective_speedup_interval) propagate the cells'
+sampling distribution through the fit by Monte Carlo: the cells (the epoch counts of a curve, and
+the compared configuration) draw their true means jointly, the fit is redone on every draw, and
+the interval is the draws' central quantiles. The runs of a study are normal about their cell's
+mean with one standard deviation for every cell (airbench's run-to-run spread hardly changes with
+the epochs), so the cells' variances are pooled:
+
+- unpaired (runs of different cells independent): sigma^2 is drawn as s_p^2 * f / chi^2_f, s_p^2
+  the pooled within-cell variance with f = sum (n_c - 1) degrees of freedom, and each cell's mean
+  as mean_c + sigma / sqrt(n_c) * Z_c: a multivariate Student t of f degrees of freedom (the
+  distribution JCGM 101:2008, 6.4.9, assigns to means known from repeated indications, with the
+  variance pooled as in its 6.4.9.4 note on a common standard deviation);
+- paired (run i of every cell has the same seeds, as study.py gives it): the runs x cells table is
+  a two-way layout, run effect plus residual (Montgomery, Design and Analysis of Experiments, the
+  randomized complete block design). Its cell means split into two independent parts: their
+  grand mean, whose variance the runs' mean square over k n estimates (n - 1 degrees of freedom),
+  and their contrasts (each mean less the grand mean), whose covariance the residual mean square
+  over n estimates ((n - 1)(k - 1) degrees of freedom). The means are drawn as a multivariate
+  Student t with that covariance, mean_c + sqrt(f / chi^2_f) * (sqrt(MS_runs / (k n)) * Z_0 +
+  sqrt(MS_residual / n) * (Z_c - mean of Z)), Z_0 shared by every cell, and f the statistic's own
+  degrees of freedom: Satterthwaite's (1946) for the two mean squares weighted as they enter the
+  variance of the statistic's linearization at the means (its gradient by central differences).
+  Two parts drawn each with its own chi-square would combine into a fiducial interval that is
+  conservative, as Behrens-Fisher's is (measured: 97.6% at n = 3). A speedup compares cells whose
+  shared run effect cancels: it keeps about the f_e degrees of freedom; epochs to a target move
+  with the grand mean and have fewer.
+
+The interval the module gave before drew each cell alone from its own Student t of n - 1 degrees
+of freedom: at n = 3 it covered 99% and was 1.45 to 1.85 times as wide as needed. Coverage and
+width measured by simulation: tools/coverage.py, docs/studies.md.
+
+A curve of 4 or more epoch counts gets a lack-of-fit F test (lack_of_fit): the means' misfit
+against the runs' own spread; a fit rejected at 5% marks every interval derived from it
+unreliable, and so do a cell whose runs have no spread, fewer than 3 runs in a cell, a fit
+stopped at a bound, a curve that does not fall measurably, and an extrapolation.
 """
 import functools
 import math
@@ -249,15 +274,19 @@ def _epochs_for_errors(a, b, c, error):
     return np.where(np.isnan(a), np.nan, np.where(error > c, epochs, np.inf))
 
 
-def epochs_to_accuracy_interval(runs_by_epochs, target, confidence=0.95, draws=DRAWS, seed=0):
+def epochs_to_accuracy_interval(runs_by_epochs, target, confidence=0.95, draws=DRAWS, seed=0,
+                                paired=False):
     """epochs_to_accuracy with its confidence interval, from per-run accuracies.
 
     runs_by_epochs: {epoch count: per-run accuracies (fractions)}, 3 or more epoch counts.
+    paired: run i of every epoch count has the same seeds (study.py's design): the cells are
+    equally long and their means share each run's effect.
     Returns a dict: estimate (epochs; None where undefined or never reached), ci_low, ci_high
     (None where the interval is open above: in more than (1 - confidence) / 2 of the draws the
-    target lies beyond the asymptote), reliable (whether the interval's coverage was measured in these conditions) and
-    reason (why not, or why undefined; None when reliable), extrapolated (the estimate outside
-    the measured epochs), and the draws' accounting. Never raises for data that admit no answer.
+    target lies beyond the asymptote), reliable (whether the interval's coverage was measured in
+    these conditions) and reason (why not, or why undefined; None when reliable), extrapolated
+    (the estimate outside the measured epochs), lack_of_fit (lack_of_fit's result), and the
+    draws' accounting. Never raises for data that admit no answer.
     """
     epochs = sorted(runs_by_epochs)
     cells = [np.asarray(runs_by_epochs[e], dtype=float).ravel() for e in epochs]
@@ -269,21 +298,21 @@ def epochs_to_accuracy_interval(runs_by_epochs, target, confidence=0.95, draws=D
 
     result = _monte_carlo_interval(
         cells, statistic, lambda: epochs_to_accuracy(epochs, [cell.mean() for cell in cells],
-                                                     target), confidence, draws, seed)
+                                                     target), confidence, draws, seed, paired)
     return _with_curve_checks(result, epochs, cells, result['estimate'],
-                              'the target is reached')
+                              'the target is reached', paired)
 
 
 def effective_speedup_interval(baseline_runs_by_epochs, runs, epochs, confidence=0.95,
-                               draws=DRAWS, seed=0):
+                               draws=DRAWS, seed=0, paired=False):
     """effective_speedup with its confidence interval, from per-run accuracies.
 
     baseline_runs_by_epochs: {epoch count: the baseline's per-run accuracies}, 3 or more epoch
-    counts; runs: the compared configuration's accuracies at `epochs`. The baseline's cells and
-    the compared cell are drawn independently. Returns a dict as epochs_to_accuracy_interval's
-    (estimate a fraction, 0.25 = 25% faster), with equivalent_epochs: the baseline's epochs for
-    the compared configuration's error, whose place in the baseline's grid decides
-    `extrapolated`.
+    counts; runs: the compared configuration's accuracies at `epochs`. paired: run i of the
+    compared configuration and of every baseline cell has the same seeds (equally long cells).
+    Returns a dict as epochs_to_accuracy_interval's (estimate a fraction, 0.25 = 25% faster),
+    with equivalent_epochs: the baseline's epochs for the compared configuration's error, whose
+    place in the baseline's grid decides `extrapolated`.
     """
     baseline_epochs = sorted(baseline_runs_by_epochs)
     cells = [np.asarray(baseline_runs_by_epochs[e], dtype=float).ravel()
@@ -296,25 +325,90 @@ def effective_speedup_interval(baseline_runs_by_epochs, runs, epochs, confidence
     result = _monte_carlo_interval(
         cells, statistic, lambda: effective_speedup(
             baseline_epochs, [cell.mean() for cell in cells[:-1]], epochs, cells[-1].mean()),
-        confidence, draws, seed)
+        confidence, draws, seed, paired)
     equivalent = None if result['estimate'] is None else (1 + result['estimate']) * epochs
     result['equivalent_epochs'] = equivalent
     return _with_curve_checks(result, baseline_epochs, cells[:-1], equivalent,
-                              "the compared configuration's error is reached by the baseline")
+                              "the compared configuration's error is reached by the baseline",
+                              paired)
 
 
-def _monte_carlo_interval(cells, statistic, point_estimate, confidence, draws, seed):
-    """The interval of a statistic of cell means, each cell's true mean drawn from
-    mean + s / sqrt(n) * t(n - 1) (the module's docstring): a dict of the estimate, the interval
-    and the reasons it is not reliable."""
+def pooled_variance(cells):
+    """The cells' pooled within-cell variance sum_c sum_i (x_ci - mean_c)^2 / f and its degrees
+    of freedom f = sum_c (n_c - 1)."""
+    freedom = sum(cell.size - 1 for cell in cells)
+    squares = sum(((cell - cell.mean()) ** 2).sum() for cell in cells)
+    return (squares / freedom if freedom else math.nan), freedom
+
+
+def variance_components(table):
+    """The two-way layout of a runs x cells table (run i of every cell shares its seeds), run
+    effect plus residual: (residual mean square, its degrees of freedom (n - 1)(k - 1), the runs'
+    mean square k * var(run means), its degrees of freedom n - 1). Expectations: sigma_e^2 and
+    sigma_e^2 + k * sigma_u^2 (Montgomery, the randomized complete block design)."""
+    runs, cells = table.shape
+    residual = table - table.mean(axis=1, keepdims=True) - table.mean(axis=0) + table.mean()
+    residual_freedom = (runs - 1) * (cells - 1)
+    return ((residual ** 2).sum() / residual_freedom, residual_freedom,
+            cells * table.mean(axis=1).var(ddof=1), runs - 1)
+
+
+def _mean_draws(cells, paired, draws, rng, statistic):
+    """Draws of the cells' true means given their runs, draws x cells (the module's docstring)."""
+    means = np.array([cell.mean() for cell in cells])
+    if paired:
+        table = np.column_stack(cells)
+        runs, count = table.shape
+        residual, residual_freedom, between, between_freedom = variance_components(table)
+        parts = (between / (count * runs), residual / runs)
+        freedom = _satterthwaite(statistic, means, parts, (between_freedom, residual_freedom))
+        scale = np.sqrt(freedom / rng.chisquare(freedom, draws))[:, None]
+        normal = rng.standard_normal((draws, count))
+        return means + scale * (math.sqrt(parts[0]) * rng.standard_normal((draws, 1))
+                                + math.sqrt(parts[1]) * (normal - normal.mean(axis=1,
+                                                                               keepdims=True)))
+    pooled, freedom = pooled_variance(cells)
+    sigma2 = pooled * freedom / rng.chisquare(freedom, draws)
+    sizes = np.array([cell.size for cell in cells])
+    return means + np.sqrt(sigma2[:, None] / sizes) * rng.standard_normal((draws, means.size))
+
+
+def _satterthwaite(statistic, means, parts, freedoms, step=1e-5):
+    """The degrees of freedom of the statistic's linearization at the means, whose variance is
+    (sum w)^2 * parts[0] + (sum w^2 - (sum w)^2 / k) * parts[1] for its gradient w (central
+    differences) and the grand mean's and contrasts' variances: Satterthwaite (1946). The fewer
+    of the two where the gradient is not finite (a target beyond reach, a fit that fails)."""
+    count = means.size
+    shifted = means + step * np.concatenate([np.eye(count), -np.eye(count)])
+    values = statistic(shifted)
+    with np.errstate(invalid='ignore'):  # inf - inf where a shifted target is beyond reach
+        gradient = (values[:count] - values[count:]) / (2 * step)
+    if not np.isfinite(gradient).all():
+        return float(min(freedoms))
+    total = gradient.sum()
+    terms = np.array([total ** 2 * parts[0],
+                      ((gradient ** 2).sum() - total ** 2 / count) * parts[1]])
+    if not terms.sum() > 0:
+        return float(min(freedoms))
+    return float(terms.sum() ** 2 / (terms ** 2 / np.array(freedoms)).sum())
+
+
+def _monte_carlo_interval(cells, statistic, point_estimate, confidence, draws, seed, paired):
+    """The interval of a statistic of cell means, their true means drawn jointly (_mean_draws): a
+    dict of the estimate, the interval and the reasons it is not reliable."""
     if not 0 < confidence < 1:
         raise ValueError(f'confidence is a fraction in (0, 1), not {confidence}')
     for cell in cells:
         if cell.size == 0:
             raise ValueError('every epoch count (and the compared configuration) needs runs')
         _check_fractions(cell, 'accuracies')
+    if paired and len({cell.size for cell in cells}) > 1:
+        raise ValueError('paired cells hold run i of each at position i: give every cell the '
+                         f'same runs (sizes {sorted({cell.size for cell in cells})}), or '
+                         'paired=False')
     result = dict(estimate=None, ci_low=None, ci_high=None, reliable=False, reason=None,
-                  confidence=confidence, method='Monte Carlo, Student-t cell means',
+                  confidence=confidence, method='Monte Carlo, pooled variance'
+                  + (', runs paired by seed' if paired else ''), paired=paired,
                   draws=draws, failed_draws=None, unreachable_draws=None,
                   fewest_runs=int(min(cell.size for cell in cells)), extrapolated=None)
     reasons = []
@@ -334,10 +428,13 @@ def _monte_carlo_interval(cells, statistic, point_estimate, confidence, draws, s
     if result['fewest_runs'] < MIN_RUNS_RELIABLE:
         reasons.append(f"{result['fewest_runs']} runs in a cell: coverage was measured from "
                        f'{MIN_RUNS_RELIABLE} runs per cell')
-    rng = np.random.default_rng(seed)
-    means = np.stack([cell.mean() + cell.std(ddof=1) / math.sqrt(cell.size)
-                      * rng.standard_t(cell.size - 1, draws) for cell in cells], axis=1)
-    values = statistic(means)
+    flat = sum(not np.ptp(cell) > 0 for cell in cells)
+    if flat:
+        reasons.append(f'{flat} of {len(cells)} cells have runs without spread (all equal): '
+                       'a spread of 0 is not what normal runs give, and the interval rests on the '
+                       'other cells alone' if flat < len(cells) else
+                       'no cell has any spread: the interval has no width to give')
+    values = statistic(_mean_draws(cells, paired, draws, np.random.default_rng(seed), statistic))
     failed, unreachable = int(np.isnan(values).sum()), int(np.isposinf(values).sum())
     result.update(failed_draws=failed, unreachable_draws=unreachable)
     tail = (1 - confidence) / 2
@@ -353,10 +450,44 @@ def _monte_carlo_interval(cells, statistic, point_estimate, confidence, draws, s
     return result
 
 
-def _with_curve_checks(result, epochs, cells, epochs_found, what):
+def lack_of_fit(epochs, cells, paired=False):
+    """The lack-of-fit F test of the power law on a curve of 4 or more epoch counts: the misfit of
+    the means, n_c (mean_c - fit_c)^2 summed over the k cells on k - 3 degrees of freedom (the
+    law has 3 parameters), against the runs' spread about their means: the pooled within-cell
+    variance, or, paired, the two-way layout's residual mean square (a run effect shifts every
+    cell alike, as the law's c does, so it leaves the misfit alone). Draper and Smith, Applied
+    Regression Analysis, 2.1 ("lack of fit and pure error"). Returns a dict of statistic,
+    p_value, freedom ([k - 3, that of the spread]) and reason (None, or why there is no test)."""
+    entry = dict(statistic=None, p_value=None, freedom=None, reason=None)
+    if len(cells) <= MIN_EPOCH_COUNTS:
+        entry['reason'] = f'{len(cells)} epoch counts: the law\'s 3 parameters leave none to test'
+        return entry
+    means = np.array([cell.mean() for cell in cells])
+    sizes = np.array([cell.size for cell in cells])
+    try:
+        law = fit_power_law(epochs, 1 - means)
+    except ValueError as error:
+        entry['reason'] = f'no law fits: {error}'
+        return entry
+    misfit = (sizes * (1 - means - law.error_at(epochs)) ** 2).sum() / (len(cells) - 3)
+    if paired:
+        spread, freedom = variance_components(np.column_stack(cells))[:2]
+    else:
+        spread, freedom = pooled_variance(cells)
+    if not freedom or not spread > 0:
+        entry['reason'] = 'the runs have no spread to measure the misfit against'
+        return entry
+    statistic = misfit / spread
+    entry.update(statistic=float(statistic), freedom=[len(cells) - 3, int(freedom)],
+                 p_value=float(stats.f.sf(statistic, len(cells) - 3, freedom)))
+    return entry
+
+
+def _with_curve_checks(result, epochs, cells, epochs_found, what, paired):
     """Add to a result the conditions under which its coverage was not measured: a curve whose
     last epoch count is not measurably more accurate than its first (one-sided Welch t-test at
-    5%), a fit stopped at a bound, an answer outside the measured epochs."""
+    5%), a power law the means reject (lack_of_fit at 5%), a fit stopped at a bound, an answer
+    outside the measured epochs."""
     reasons = [result['reason']] if result['reason'] else []
     if result['estimate'] is None and not result['reliable'] and result['ci_low'] is None:
         return result
@@ -372,6 +503,12 @@ def _with_curve_checks(result, epochs, cells, epochs_found, what):
             reasons.append(f'the curve does not fall measurably: accuracy at {epochs[-1]:g} '
                            f'epochs is not above that at {epochs[0]:g} (Welch p = '
                            f'{p_value:.2g})')
+    result['lack_of_fit'] = lack_of_fit(epochs, cells, paired)
+    if result['lack_of_fit']['p_value'] is not None and result['lack_of_fit']['p_value'] < 0.05:
+        fit = result['lack_of_fit']
+        reasons.append(f"the power law does not fit the means (lack-of-fit F = "
+                       f"{fit['statistic']:.3g} on {fit['freedom'][0]} and {fit['freedom'][1]} "
+                       f"degrees of freedom, p = {fit['p_value']:.2g})")
     law = fit_power_law(epochs, [1 - cell.mean() for cell in cells])
     if law.at_bounds:
         miss = np.abs(law.error_at(epochs) - np.array([1 - cell.mean() for cell in cells])).max()

@@ -1,7 +1,8 @@
 """Statistics on plain arrays of per-run numbers: a mean and its interval, the test of a mean
-against a target (the test behind every record claim), the comparison of two configurations,
-Holm's adjustment of a family of comparisons, the ratio of two configurations' times, and the
-runs a study needs to resolve a difference.
+against a target (the test behind every record claim) with its one-sided bound, the comparison of
+two configurations, the equivalence of two configurations within a margin (TOST), Holm's
+adjustment of a family of tests, the ratio of two configurations' times, and the runs a study
+needs to resolve a difference fixed in advance.
 
 Every function takes sequences of numbers (lists, numpy arrays, pandas columns) and returns a dict
 that JSON holds: None where a number is undefined, with `reason` saying why. Intervals and tests
@@ -62,18 +63,42 @@ def describe(values, confidence=0.95):
     return entry
 
 
-def target_test(values, target, confidence=0.95):
-    """The one-sided t-test of "mean <= target" (a record is claimed when it is rejected), with the
-    mean and its two-sided interval: mean, ci_low, ci_high, p_value (small when the mean exceeds
-    the target), n, and reason where the test is undefined (n < 2, no spread)."""
-    entry = describe(values, confidence)
-    entry.update(target=float(target), p_value=None, reason=None)
-    if entry['n'] < 2 or entry['ci_low'] is None:
-        entry['reason'] = ('fewer than 2 runs' if entry['n'] < 2 else
+def target_test(values, target, confidence=0.95, diverged=()):
+    """The record claim "the mean accuracy of the runs exceeds target", counting every trained
+    run: the one-sided t-test of "mean <= target" and the one-sided lower confidence bound that
+    matches it (lower_bound > target exactly when p_value < 1 - confidence), so that the claim
+    and its bound never disagree.
+
+    values: the accuracies of the runs that did not diverge; diverged: the accuracies the diverged
+    runs ended with (a record counts every run it trained, so a diverged run enters at what it
+    scored; one that scored nothing finite enters at 0). The divergence rate is given beside the
+    claim with its Clopper-Pearson interval (scipy.stats.binomtest, exact).
+
+    Returns target, confidence, n (every run), diverged (their count), divergence_rate and
+    divergence_ci ([low, high] at confidence), mean and std (every run), lower_bound, p_value
+    (small when the mean exceeds the target), and reason where the test is undefined (n < 2, no
+    spread)."""
+    _check_confidence(confidence)
+    kept = _sample(values, 'values')
+    ended = np.nan_to_num(np.asarray(diverged, dtype=float).ravel(), nan=0.0, posinf=0.0,
+                          neginf=0.0)
+    every = np.concatenate([kept, ended])
+    entry = dict(target=float(target), confidence=confidence, n=every.size, diverged=ended.size,
+                 divergence_rate=None, divergence_ci=None,
+                 mean=float(every.mean()) if every.size else None,
+                 std=float(every.std(ddof=1)) if every.size > 1 else None, lower_bound=None,
+                 p_value=None, reason=None)
+    if every.size:
+        rate = stats.binomtest(ended.size, every.size)
+        entry.update(divergence_rate=ended.size / every.size, divergence_ci=[
+            float(bound) for bound in rate.proportion_ci(confidence, method='exact')])
+    if every.size < 2 or not np.ptp(every) > 0:
+        entry['reason'] = ('fewer than 2 runs' if every.size < 2 else
                            'the runs have no spread: a t-test is undefined')
         return entry
-    entry['p_value'] = float(stats.ttest_1samp(_sample(values, 'values'), target,
-                                               alternative='greater').pvalue)
+    result = stats.ttest_1samp(every, target, alternative='greater')
+    entry.update(p_value=float(result.pvalue),
+                 lower_bound=float(result.confidence_interval(confidence).low))
     return entry
 
 
@@ -118,14 +143,83 @@ def compare(a, b, paired=False, confidence=0.95):
 def holm(p_values):
     """Holm's step-down adjustment of a family of p-values (Holm 1979), controlling the chance of
     any false rejection in the family: the k-th smallest of m is multiplied by m - k + 1, and the
-    adjusted values are made non-decreasing. None entries (undefined tests) stay None and are not
-    counted in the family."""
-    indexed = sorted((p, i) for i, p in enumerate(p_values) if p is not None)
-    adjusted, running, m = [None] * len(p_values), 0.0, len(indexed)
+    adjusted values are made non-decreasing. An undefined test (None or NaN) is no member of the
+    family: it is not counted in m and stays as it was (None or NaN)."""
+    indexed = sorted((p, i) for i, p in enumerate(p_values) if _defined(p))
+    adjusted, running, m = list(p_values), 0.0, len(indexed)
     for rank, (p, i) in enumerate(indexed):
         running = max(running, min(1.0, (m - rank) * p))
         adjusted[i] = running
     return adjusted
+
+
+def _defined(p):
+    return p is not None and not math.isnan(p)
+
+
+def equivalence_test(a, b, margin, paired=False, ratio=False, alpha=0.05):
+    """Whether b is equivalent to a within a margin fixed in advance: the two one-sided tests
+    (TOST; Schuirmann 1987) of "b - a <= -margin" and of "b - a >= margin", each a t-test at level
+    alpha (Welch's, or paired: a[i] and b[i] one pair). Equivalence is shown when both are
+    rejected: p_value, the larger of their p-values, is below alpha, exactly when the (1 - 2 alpha)
+    interval of the difference (90% at alpha 0.05) lies inside (-margin, margin).
+
+    ratio=True compares positive values (timed seconds) as ratios: the tests run on log values,
+    margin is a ratio above 1 and the equivalence range is [1 / margin, margin] of the ratio of
+    geometric means b over a (1.05: neither more than 5% slower nor more than 5% faster, as
+    1 / 1.05 = 0.952). Otherwise margin is in the values' units (0.001 = 0.1 points of accuracy).
+
+    Returns test, difference (b - a, or the ratio), margin, equivalence_range, ci_low and ci_high
+    (the 1 - 2 alpha interval), confidence, p_value, p_lower and p_upper (the two one-sided
+    tests), equivalent (True, False, or None where undefined), n_a, n_b and reason. Absence of a
+    significant difference is no such evidence: only this test (or an interval inside the margin)
+    says "as fast as" or "as accurate as".
+    """
+    if not 0 < alpha < 0.5:
+        raise ValueError(f'alpha is a fraction in (0, 0.5), not {alpha}')
+    a, b = _sample(a, 'a'), _sample(b, 'b')
+    if ratio:
+        if not margin > 1:
+            raise ValueError(f'a ratio margin is above 1 (1.05: within 5%), not {margin}')
+        if (a <= 0).any() or (b <= 0).any():
+            raise ValueError('ratio=True compares positive values (seconds)')
+        a, b, shift = np.log(a), np.log(b), math.log(margin)
+    else:
+        if not margin > 0:
+            raise ValueError(f'margin is a positive difference in the values\' units, not '
+                             f'{margin}')
+        shift = float(margin)
+    if paired and a.size != b.size:
+        raise ValueError(f'paired samples pair run i of a with run i of b: a has {a.size} runs, '
+                         f'b {b.size}; give the runs both have, or paired=False')
+    convert = math.exp if ratio else float
+    entry = dict(test=('paired' if paired else "Welch's") + ' TOST' + (' on log values' if ratio
+                                                                        else ''),
+                 difference=convert(b.mean() - a.mean()) if a.size and b.size else None,
+                 margin=float(margin), equivalence_range=[convert(-shift), convert(shift)],
+                 ci_low=None, ci_high=None, confidence=1 - 2 * alpha, p_value=None,
+                 p_lower=None, p_upper=None, equivalent=None, n_a=a.size, n_b=b.size,
+                 reason=None)
+    if min(a.size, b.size) < 2:
+        entry['reason'] = 'each side needs at least 2 runs'
+        return entry
+    if not np.ptp(b - a if paired else np.concatenate([a - a.mean(), b - b.mean()])) > 0:
+        entry['reason'] = 'no spread: a t-test is undefined'
+        return entry
+    with constant_samples_allowed():
+        if paired:
+            lower = stats.ttest_rel(b + shift, a, alternative='greater')
+            upper = stats.ttest_rel(b - shift, a, alternative='less')
+            interval = stats.ttest_rel(b, a).confidence_interval(1 - 2 * alpha)
+        else:
+            lower = stats.ttest_ind(b + shift, a, equal_var=False, alternative='greater')
+            upper = stats.ttest_ind(b - shift, a, equal_var=False, alternative='less')
+            interval = stats.ttest_ind(b, a, equal_var=False).confidence_interval(1 - 2 * alpha)
+    p_value = max(float(lower.pvalue), float(upper.pvalue))
+    entry.update(ci_low=convert(interval.low), ci_high=convert(interval.high),
+                 p_lower=float(lower.pvalue), p_upper=float(upper.pvalue), p_value=p_value,
+                 equivalent=p_value < alpha)
+    return entry
 
 
 def time_ratio(times_a, times_b, confidence=0.95):
@@ -159,7 +253,13 @@ def statistical_power(runs, std, difference, alpha=0.05, paired=False, correlati
         spread, freedom = std * math.sqrt(2 / runs), 2 * runs - 2
     critical = stats.t.ppf(1 - alpha / 2, freedom)
     shift = abs(difference) / spread
-    return float(stats.nct.sf(critical, freedom, shift) + stats.nct.cdf(-critical, freedom, shift))
+    # The lower tail P(T < -critical) as the upper tail of -shift: scipy's nct.cdf gives NaN there
+    # for large shifts (e.g. 12 at 4 degrees of freedom) where nct.sf stays exact.
+    power = stats.nct.sf(critical, freedom, shift) + stats.nct.sf(critical, freedom, -shift)
+    if not math.isfinite(power):
+        raise ValueError(f'the noncentral t gave no power for {runs} runs (shift {shift:g}, '
+                         f'{freedom} degrees of freedom)')
+    return float(power)
 
 
 def runs_needed(std, difference, power=0.8, alpha=0.05, paired=False, correlation=0.0):

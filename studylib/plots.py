@@ -1,12 +1,15 @@
 """A study's plots, from its runs and summary.json's numbers: accuracy.png and time.png (each
 configuration's runs, one row per configuration so that long grid names stay legible) and, with an
 epoch grid, epochs.png (error against epochs with each point's interval and the fitted laws)."""
+import math
 import os
 
 import matplotlib
 import numpy as np
 
 ROW_INCHES = 0.32  # height of one configuration's row
+COLOURS = 10  # matplotlib's default colour cycle; past it, curves change marker
+MARKERS = 'osD^v'
 
 
 def plot(study_dir, summary, runs):
@@ -49,10 +52,10 @@ def plot_accuracy(study_dir, summary, runs, names, plt):
             axes.scatter(kept['accuracy'], jitter(len(kept), row, rng), s=12, alpha=0.5,
                          color='tab:blue', label='a run' if row == 0 else None)
         config = summary['configs'][name]
-        if config.get('ci_low') is not None:
+        if config.get('ci_low') is not None:  # an accuracy's interval stays within [0, 1]
+            low, high = max(config['ci_low'], 0.0), min(config['ci_high'], 1.0)
             axes.errorbar([config['mean']], [row], color='black', capsize=4, fmt='o',
-                          xerr=[[config['mean'] - config['ci_low']],
-                                [config['ci_high'] - config['mean']]],
+                          xerr=[[config['mean'] - low], [high - config['mean']]],
                           label='mean, 95% CI' if row == 0 else None)
     if axes.get_legend_handles_labels()[1]:
         axes.legend(fontsize=8, loc='best')
@@ -77,38 +80,83 @@ def plot_time(study_dir, runs, names, plt):
 
 
 def plot_epochs(study_dir, speedup, plt):
-    figure, axes = plt.subplots(figsize=(7, 4.5))
-    for label, curve in speedup['curves'].items():
+    """Each curve's mean error with its 95% CI (within [0, 1]) against epochs, on log scales with
+    ticks readable at any range, and its fitted power law over the measured epochs: solid where
+    the law fits, dashed where the lack-of-fit test rejects it, none where no law fits (the fit
+    stopped at a bound, or failed). The axes span the data, not the laws."""
+    figure, axes = plt.subplots(figsize=(9, 4.5))
+    shown_errors, perfect = [], 0
+    for index, (label, curve) in enumerate(speedup['curves'].items()):
         if 'epochs' not in curve:
             continue
         epochs = np.array(curve['epochs'])
-        errors = 1 - np.array(curve['mean_accuracy'])
-        low = np.array([np.nan if v is None else 1 - v for v in curve['ci_high']])
-        high = np.array([np.nan if v is None else 1 - v for v in curve['ci_low']])
-        fit = curve['fit']
-        misfit = fit is None or bool(fit['at_bounds'])
-        shown = axes.errorbar(epochs, errors, yerr=[np.nan_to_num(errors - low),
-                                                    np.nan_to_num(high - errors)],
-                              fmt='o', capsize=3, ms=4,
-                              label=label + (' (no law fits)' if misfit else ''))
-        if fit is not None:
+        errors, low, high = error_bars(curve)
+        status = fit_status(curve)
+        shown = axes.errorbar(epochs, errors, yerr=[errors - low, high - errors],
+                              fmt=MARKERS[index // COLOURS % len(MARKERS)], capsize=3, ms=4,
+                              label=label + {'fits': '', 'bad fit': ' (bad fit)',
+                                                              'none': ' (no law fits)'}[status])
+        shown_errors += [v for v in (*errors, *low, *high) if v > 0]
+        perfect += int((errors == 0).sum())
+        if status != 'none':
+            fit = curve['fit']
             grid = np.geomspace(epochs.min(), epochs.max(), 100)
-            axes.plot(grid, fit['c'] + fit['b'] * grid ** fit['a'], '--' if misfit else '-',
-                      color=shown.lines[0].get_color(), lw=1)
+            axes.plot(grid, fit['c'] + fit['b'] * grid ** fit['a'],
+                      '-' if status == 'fits' else '--', color=shown.lines[0].get_color(), lw=1)
     axes.set_xscale('log')
     axes.set_yscale('log')
     epochs = sorted({e for curve in speedup['curves'].values() for e in curve.get('epochs', [])})
     axes.set_xticks(epochs, [f'{e:g}' for e in epochs])
     axes.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    axes.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter('%.3g'))
-    axes.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter('%.3g'))
-    axes.set_xlabel('epochs')
+    if shown_errors:
+        low, high = min(shown_errors) / 1.25, max(shown_errors) * 1.25
+        axes.set_ylim(low, high)
+        ticks = log_ticks(low, high)
+        axes.set_yticks(ticks, [f'{tick:.3g}' for tick in ticks])
+        axes.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    axes.set_xlabel('epochs' + (f'  ({perfect} mean errors of 0 lie below the log axis)'
+                                if perfect else ''))
     axes.set_ylabel(f"error (1 - {speedup['metric']})")
-    axes.set_title('mean error with its 95% CI, and the fitted power laws '
-                   '(dashed: at a bound)', fontsize=10)
-    if axes.get_legend_handles_labels()[1]:
-        axes.legend(fontsize=7)
+    axes.set_title('mean error with its 95% CI, and the fitted power laws\n(dashed: the '
+                   'lack-of-fit test rejects the law; none where no law fits)', fontsize=9)
+    if axes.get_legend_handles_labels()[1]:  # beside the axes: it never hides a point
+        axes.legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.01, 1), borderaxespad=0)
     save(figure, study_dir, 'epochs.png', plt)
+
+
+def error_bars(curve):
+    """A curve's mean errors and their 95% CI's ends, within [0, 1] (an interval of a mean
+    accuracy may run past 0 or 1; an error cannot)."""
+    errors = 1 - np.array(curve['mean_accuracy'], dtype=float)
+    low = np.array([np.nan if v is None else 1 - v for v in curve['ci_high']], dtype=float)
+    high = np.array([np.nan if v is None else 1 - v for v in curve['ci_low']], dtype=float)
+    low, high = np.where(np.isnan(low), errors, low), np.where(np.isnan(high), errors, high)
+    return errors, np.clip(low, 0, 1), np.clip(high, 0, 1)
+
+
+def fit_status(curve):
+    """'none' where no law fits (no fit, or one stopped at a bound), 'bad fit' where the
+    lack-of-fit test rejects it at 5%, else 'fits'."""
+    fit, test = curve.get('fit'), curve.get('lack_of_fit') or {}
+    if fit is None or fit['at_bounds']:
+        return 'none'
+    return 'bad fit' if test.get('p_value') is not None and test['p_value'] < 0.05 else 'fits'
+
+
+def log_ticks(low, high, most=8):
+    """Ticks for a log axis from low to high that never crowd: the most of 1 to 9, 1, 2 and 5,
+    or 1 times the powers of 10 that leaves at most `most` in the range; where even the powers
+    are too many, every k-th power; where 1 to 9 give fewer than 3 (a range within a decade's
+    step), evenly spaced ones (matplotlib's MaxNLocator)."""
+    powers = 10.0 ** np.arange(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)
+    for multipliers in (range(1, 10), (1, 2, 5), (1,)):
+        ticks = [float(m * p) for p in powers for m in multipliers if low <= m * p <= high]
+        if len(ticks) < 3 and len(multipliers) == 9:
+            return [float(t) for t in matplotlib.ticker.MaxNLocator(4).tick_values(low, high)
+                    if low <= t <= high]
+        if len(ticks) <= most:
+            return ticks
+    return ticks[::math.ceil(len(ticks) / most)]
 
 
 def save(figure, study_dir, name, plt):

@@ -7,6 +7,7 @@ import os
 
 from .errors import StudyError
 from .files import atomic_write
+from .looks import record_look
 from .markdown import report_lines
 from .plots import plot
 from .summary import summarize
@@ -25,12 +26,13 @@ def json_safe(value):
 
 
 def write_outputs(study_dir, target=None, resolve=None, require_speedup=False,
-                  require_variance=False):
+                  require_variance=False, margin=None, time_margin=None):
     """Write summary.json, runs.csv, report.md and the plots. Raises StudyError only for a study
     directory that cannot be read, or an analysis that require_* asks for and that is absent
     (after writing everything else)."""
-    summary, runs = summarize(study_dir, target, resolve)
+    summary, runs = summarize(study_dir, target, resolve, margin, time_margin)
     summary = json_safe(summary)
+    record_look(study_dir, summary, target)
     atomic_write(os.path.join(study_dir, 'summary.json'), json.dumps(summary, indent=2))
     atomic_write(os.path.join(study_dir, 'runs.csv'), runs.to_csv(index=False))
     try:

@@ -1,15 +1,16 @@
 """summary.json's numbers: a study's configurations, comparisons, speedups and variance, computed
 from its records (load_study) and its saved logits (streamed), each analysis alone."""
-from . import analysis
+from . import analysis, looks
 from .load import ensemble_tallies, failed_runs, load_study, read_study, test_labels
 
 
-def summarize(study_dir, target=None, resolve=None):
+def summarize(study_dir, target=None, resolve=None, margin=None, time_margin=None):
     """summary.json's content and the table of runs it was computed from. target: the accuracy
-    target (default: the study's); resolve: a difference in points of accuracy for which every
-    comparison gets the runs needed to detect it."""
+    target (default: the study's); resolve: a difference in points of accuracy, fixed in advance,
+    for which every comparison gets the runs needed to detect it; margin (points of accuracy) and
+    time_margin (a ratio of times): the equivalence margins of the comparisons."""
     study = read_study(study_dir)
-    target = target if target is not None else study.target
+    given, target = target, target if target is not None else study.target
     settings = study.settings
     runs, _ = load_study(study_dir, outputs=False)
     failed = failed_runs(study_dir, study)
@@ -23,12 +24,16 @@ def summarize(study_dir, target=None, resolve=None):
         damaged=runs.attrs.get('damaged', []),
         seed=settings['seed'], vary=settings['vary'], target=target,
         accuracy_on='validation' if settings['val_split'] else 'test',
-        configs=analysis.config_summaries(runs, configs, target, failed),
-        comparisons=analysis.section(analysis.comparisons, runs, configs, resolve),
+        configs=analysis.config_summaries(runs, configs, failed),
+        target_claims=analysis.section(analysis.target_claims, runs, configs, target),
+        comparisons=analysis.section(analysis.comparisons, runs, configs, resolve, margin,
+                                     time_margin),
         speedup=analysis.section(analysis.speedup_analysis, runs, configs, target),
         variance=analysis.section(variance_analysis, study_dir, runs, settings),
         launches=[dict(id=launch['id'], started=launch['started'],
                        environment=launch['environment']) for launch in study.launches])
+    summary['looks'] = analysis.section(looks.looks_analysis, study, runs, summary, given,
+                                        looks.read_looks(study_dir))
     return summary, runs
 
 

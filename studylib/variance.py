@@ -16,6 +16,7 @@ VOTE_CHUNK_RUNS = 256  # runs counted at once by ensemble_votes (bounds its memo
 CALIBRATION_BINS = 15  # equal-mass bins of the calibration error (Nixon et al. 2019's default)
 RESAMPLES = 1000  # bootstrap resamples of test examples for the calibration error's interval
 CALIBRATED_DRAWS = 200  # label sets drawn from an exactly calibrated ensemble (its level)
+BINNING_RUNS = 50  # the calibration error's bins are those of this many runs' vote shares
 
 
 def test_set_std(accuracies):
@@ -92,7 +93,9 @@ def ensemble_votes(predictions, num_classes):
 
 def class_aggregated_calibration_error(predictions, labels, bins=CALIBRATION_BINS,
                                        num_classes=None):
-    """Class-aggregated calibration error (CACE) of the ensemble of runs.
+    """Class-aggregated calibration error (CACE) of the ensemble of these runs, as defined (the
+    plug-in estimate: it depends on the number of runs; calibration_error gives the estimate that
+    does not).
 
     Jiang, Nagarajan, Baek and Kolter, "Assessing Generalization of SGD via Disagreement" (ICLR
     2022), Definition 4.4, for the ensemble h~ whose probability of class k on x is the fraction
@@ -103,25 +106,27 @@ def class_aggregated_calibration_error(predictions, labels, bins=CALIBRATION_BIN
 
     Classes are pooled within each confidence level q (not compared class by class) and the
     weights are not divided by K, so CACE lies in [0, K]. On N test examples and R runs,
-    h~_k(x_i) = v_ik / R for vote counts v_ik. bins=B (default 15) groups consecutive vote
-    levels into about B bins of equal mass of (example, class) pairs, level v going to bin
-    floor(B * F(v)) with F(v) the fraction of pairs with fewer votes (a level is never split),
-    and compares each bin's label count with its summed confidences:
+    h~_k(x_i) = v_ik / R for vote counts v_ik. bins=B (default 15) groups consecutive vote levels
+    into bins of equal mass of (example, class) pairs as far as the levels allow
+    (equal_mass_bins: a level is never split, and one heavier than its share is a bin alone), and
+    compares each bin's label count with its summed confidences:
 
-        CACE = (1 / N) * sum_b | sum_{(i, k) in b} (1[y_i = k] - v_ik / R) |,
+        CACE = (1 / N) * sum_b | sum_{(i, k) in b} (1[y_i = k] - v_ik / R) |.
 
-    i.e. the definition with q the bin's mean confidence. The bins do not multiply with the runs,
-    so the estimate is consistent as runs grow; on a finite test set it keeps a floor, the level
-    an exactly calibrated ensemble shows (calibration_error reports it). bins=None makes every
-    level its own bin, exact for the empirical distribution but biased upward more and more as
-    runs grow (R + 1 levels of fewer and fewer pairs, whose noise the absolute value keeps).
+    bins=None makes every level its own bin. Either way the estimate falls as runs are added to
+    an ensemble calibrated in the limit, as bins of noisy vote shares hold pairs that were binned
+    high because their votes came out high (regression to the mean; docs/studies.md gives the
+    figures); every level its own bin grows instead.
 
     predictions: runs x examples class ids; labels: the examples' class ids. num_classes
     defaults to 1 + the largest id seen (with bins=None the result does not depend on it).
     """
     predictions, labels, num_classes = _checked_predictions(predictions, labels, num_classes)
     votes = ensemble_votes(predictions, num_classes)
-    return _calibration_error(votes, labels, predictions.shape[0], bins)
+    runs = predictions.shape[0]
+    binning = equal_mass_bins(level_counts(votes, runs), bins)
+    return float(np.abs(deviations(votes, votes / runs, labels, binning).sum(axis=0)).sum()
+                 / labels.size)
 
 
 def _checked_predictions(predictions, labels, num_classes):
@@ -141,32 +146,64 @@ def _checked_predictions(predictions, labels, num_classes):
     return predictions, labels, num_classes
 
 
-def _calibration_error(votes, labels, runs, bins):
-    """CACE from the ensemble's vote counts (examples x classes) and the labels."""
-    pairs_per_level = np.bincount(votes.ravel(), minlength=runs + 1)
-    labelled_per_level = np.bincount(votes[np.arange(labels.size), labels], minlength=runs + 1)
-    confidence_per_level = pairs_per_level * np.arange(runs + 1) / runs
-    bin_of_level = _equal_mass_bins(pairs_per_level, bins)
-    labelled = np.bincount(bin_of_level, weights=labelled_per_level)
-    confidence = np.bincount(bin_of_level, weights=confidence_per_level)
-    return float(np.abs(labelled - confidence).sum() / labels.size)
+def level_counts(votes, runs):
+    """The number of (example, class) pairs at each vote level 0..runs."""
+    return np.bincount(votes.ravel(), minlength=runs + 1)
 
 
-def _equal_mass_bins(pairs_per_level, bins):
-    """Bin index of each vote level: the level itself (bins=None), or floor(bins * F(level)) with
-    F the fraction of pairs at lower levels."""
+def equal_mass_bins(pairs_per_level, bins):
+    """The bin of each vote level (an array over levels 0..runs): every level its own bin
+    (bins=None), or up to `bins` bins of consecutive levels of nearly equal mass of pairs: a bin
+    closes once it holds its share of the pairs not yet binned, the pairs left over the bins
+    left, so that a level heavier than its share (the zero-vote level can hold most of the pairs
+    of 10 classes) makes a bin alone and the lighter levels share the other bins, rather than a
+    few. Fewer bins are used only where fewer levels hold pairs."""
     if bins is None:
         return np.arange(pairs_per_level.size)
-    if bins < 1:
+    if not bins >= 1:
         raise ValueError(f'bins must be a positive number of bins or None, got {bins}')
-    below = np.concatenate([[0], np.cumsum(pairs_per_level)[:-1]]) / pairs_per_level.sum()
-    return np.minimum((below * bins).astype(np.int64), bins - 1)
+    bin_of_level = np.zeros(pairs_per_level.size, dtype=np.int64)
+    left, bins_left, current, held = pairs_per_level.sum(), bins, 0, 0
+    share = left / bins_left
+    for level in np.flatnonzero(pairs_per_level):
+        bin_of_level[level] = current
+        held += pairs_per_level[level]
+        if held >= share and bins_left > 1:
+            left, bins_left, current, held = left - held, bins_left - 1, current + 1, 0
+            share = left / bins_left
+    return bin_of_level
+
+
+def bins_used(pairs_per_level, bin_of_level, runs):
+    """The bins as used: each bin's confidence range [lowest, highest level / runs] and its share
+    of the pairs."""
+    levels = np.flatnonzero(pairs_per_level)
+    found = []
+    for index in np.unique(bin_of_level[levels]):
+        mine = levels[bin_of_level[levels] == index]
+        found.append(dict(low=float(mine[0] / runs), high=float(mine[-1] / runs),
+                          share=float(pairs_per_level[mine].sum() / pairs_per_level.sum())))
+    return found
+
+
+def deviations(levels, confidences, labels, bin_of_level):
+    """examples x bins: each example's sum over its classes in the bin of 1[label = k] less the
+    confidence of k, the pairs binned by their vote level (levels: examples x classes). The
+    calibration error is (1 / N) sum_b |sum_i of this|; a bootstrap reweights its rows."""
+    examples, classes = levels.shape
+    count = int(bin_of_level.max()) + 1
+    bin_index = bin_of_level[levels] + count * np.arange(examples)[:, None]
+    truth = np.zeros((examples, classes))
+    truth[np.arange(examples), labels] = 1
+    return np.bincount(bin_index.ravel(), weights=(truth - confidences).ravel(),
+                       minlength=examples * count).reshape(examples, count)
 
 
 def calibration_error(predictions, labels, confidence=0.95, bins=CALIBRATION_BINS, seed=0):
     """The class-aggregated calibration error of the ensemble of runs (predictions: runs x
-    examples class ids; labels: the examples' class ids), with its interval: a dict of estimate,
-    ci_low, ci_high, calibrated_level and calibrated_upper (EnsembleTally.calibration_error)."""
+    examples class ids; labels: the examples' class ids) as EnsembleTally.calibration_error gives
+    it: the split-half estimate, its interval, the bins used, the plug-in estimate and the level of
+    an exactly calibrated ensemble."""
     predictions, labels, num_classes = _checked_predictions(predictions, labels, None)
     tally = EnsembleTally(labels, num_classes)
     for run in predictions:
@@ -175,8 +212,10 @@ def calibration_error(predictions, labels, confidence=0.95, bins=CALIBRATION_BIN
 
 
 def sample_variance_interval(values, confidence):
-    """The chi-square interval of the variance of normally spread values (n - 1 degrees of
-    freedom): (low, high)."""
+    """The chi-square interval of the variance, (low, high): exact for normally spread values
+    (n - 1 degrees of freedom), and only for them. A heavier tail makes the variance of the
+    sample variance larger than the interval assumes: with one run in 20 lower by a further 0.5
+    points (docs/studies.md) it covered 92% at n = 3 and 85% at n = 25 (tools/coverage.py)."""
     n, variance = len(values), float(np.var(values, ddof=1))
     tail = (1 - confidence) / 2
     return ((n - 1) * variance / stats.chi2.ppf(1 - tail, n - 1),
@@ -185,13 +224,14 @@ def sample_variance_interval(values, confidence):
 
 class EnsembleTally:
     """What the variance and calibration analyses need of a set of runs, taken one run at a time:
-    each run's accuracy and the ensemble's vote counts (examples x classes; each example's count
-    of runs correct is its label's). Its memory does not grow with the runs but by one number per
-    run."""
+    each run's accuracy and the ensemble's vote counts. votes is 2 x examples x classes: the
+    votes of the runs added at even positions (0, 2, ...) and at odd ones, kept apart for the
+    split-half calibration estimate; their sum is the ensemble's (each example's count of runs
+    correct is its label's). Its memory does not grow with the runs but by one number per run."""
 
     def __init__(self, labels, num_classes):
         self.labels = np.asarray(labels).ravel().astype(np.int64)
-        self.votes = np.zeros((self.labels.size, num_classes), dtype=np.int64)
+        self.votes = np.zeros((2, self.labels.size, num_classes), dtype=np.int64)
         self.accuracies = []
 
     @property
@@ -205,17 +245,22 @@ class EnsembleTally:
                                                                         np.integer):
             raise ValueError(f'a run predicts one class id per example ({self.labels.size}), got '
                              f'{predictions.dtype} of shape {predictions.shape}')
-        self.votes[np.arange(self.labels.size), predictions] += 1
+        self.votes[self.runs % 2, np.arange(self.labels.size), predictions] += 1
         self.accuracies.append(float((predictions == self.labels).mean()))
 
+    def ensemble_votes(self):
+        """examples x classes: every run's votes."""
+        return self.votes.sum(axis=0)
+
     def correct_counts(self):
-        return self.votes[np.arange(self.labels.size), self.labels]
+        return self.ensemble_votes()[np.arange(self.labels.size), self.labels]
 
     def summary(self, confidence=0.95, seed=0):
         """The variance table's entry: n, mean accuracy, test-set std, distribution-wise variance
-        and std, each std with its chi-square interval, and the calibration error with its
-        interval. A distribution-wise variance estimated below 0 has no std (None, with
-        distribution_wise_note), only the interval [0, high]."""
+        and std, each std with its chi-square interval (test_set_std_ci_assumes says what it
+        assumes), and the calibration error with its interval. A distribution-wise variance
+        estimated below 0 has no std (None, with distribution_wise_note), only the interval
+        [0, high]."""
         if self.runs < 2:
             raise ValueError(f'variance between runs needs at least 2 runs, got {self.runs}')
         accuracies, examples = np.array(self.accuracies), self.labels.size
@@ -228,6 +273,7 @@ class EnsembleTally:
             n=self.runs, mean=float(accuracies.mean()),
             test_set_std=float(accuracies.std(ddof=1)),
             test_set_std_ci=[math.sqrt(low), math.sqrt(high)],
+            test_set_std_ci_assumes='runs spread normally (chi-square interval)',
             distribution_wise_variance=estimate,
             distribution_wise_std=math.sqrt(estimate) if estimate >= 0 else None,
             distribution_wise_std_ci=[math.sqrt(max(dist_low, 0)), math.sqrt(max(dist_high, 0))],
@@ -236,32 +282,127 @@ class EnsembleTally:
             calibration=self.calibration_error(confidence, seed=seed))
 
     def calibration_error(self, confidence=0.95, bins=CALIBRATION_BINS, seed=0):
-        """The class-aggregated calibration error (class_aggregated_calibration_error) with:
-        ci_low, ci_high: the basic bootstrap interval over test examples (RESAMPLES resamples; the
-        reverse percentiles 2 * estimate - quantile, which undo the upward shift an absolute
-        value gives resampled noise), for the value this estimator takes on test sets of this
-        size; calibrated_level and calibrated_upper: the mean and the 1 - (1 - confidence) / 2
-        quantile of the estimate when the labels are drawn from the ensemble's own vote shares
-        (exactly calibrated: CALIBRATED_DRAWS label sets), the floor a finite test set gives."""
+        """The class-aggregated calibration error of the ensemble in the limit of many runs,
+        estimated so that it means the same at any number of runs from 2 * BINNING_RUNS (100)
+        on: split_half_calibration_error on the runs at even and at odd positions, with the plug-in
+        estimate of these runs beside it (class_aggregated_calibration_error: it falls as runs
+        are added) and the level an exactly calibrated ensemble shows on this test set.
+
+        Returns split_half_calibration_error's entry with plug_in, calibrated_level and
+        calibrated_upper (the mean and the 1 - (1 - confidence) / 2 quantile of the estimate for
+        labels drawn from the scoring half's own vote shares, CALIBRATED_DRAWS of them: the floor
+        of a test set this size; an estimate above calibrated_upper is miscalibration), runs and
+        examples; with one run, reason in place of the estimate."""
         if self.runs < 1:
             raise ValueError('a calibration error needs at least 1 run')
+        votes, examples = self.ensemble_votes(), self.labels.size
+        plug_in = float(np.abs(deviations(votes, votes / self.runs, self.labels, equal_mass_bins(
+            level_counts(votes, self.runs), bins)).sum(axis=0)).sum() / examples)
+        if self.runs < 2:
+            return dict(estimate=None, ci_low=None, ci_high=None, plug_in=plug_in,
+                        runs=self.runs, examples=examples, calibrated_level=None,
+                        calibrated_upper=None,
+                        reason='one run: the split-half estimate needs 2 or more')
         rng = np.random.default_rng(seed)
-        estimate = _calibration_error(self.votes, self.labels, self.runs, bins)
-        examples, tail = self.labels.size, (1 - confidence) / 2
-        resampled = []
-        for _ in range(RESAMPLES):
-            chosen = rng.integers(0, examples, examples)
-            resampled.append(_calibration_error(self.votes[chosen], self.labels[chosen],
-                                                self.runs, bins))
-        low, high = np.quantile(resampled, [tail, 1 - tail])
-        shares = self.votes.cumsum(axis=1) / self.runs
-        calibrated = []
-        for _ in range(CALIBRATED_DRAWS):
-            drawn = (shares <= rng.random((examples, 1))).sum(axis=1)
-            calibrated.append(_calibration_error(self.votes, np.minimum(
-                drawn, self.votes.shape[1] - 1), self.runs, bins))
-        return dict(estimate=estimate, ci_low=max(2 * estimate - float(high), 0.0),
-                    ci_high=2 * estimate - float(low), confidence=confidence, bins=bins,
-                    runs=self.runs, examples=examples,
+        halves = [(self.votes[h], (self.runs + 1 - h) // 2) for h in (0, 1)]
+        entry, binned = split_half_calibration_error(halves, self.labels, bins, confidence, rng)
+        calibrated = [_split_estimate([deviations(
+            binned[h][0], halves[1 - h][0] / halves[1 - h][1],
+            _labels_from(halves[1 - h][0], rng), binned[h][2]) for h in (0, 1)], examples)
+            for _ in range(CALIBRATED_DRAWS)]
+        return dict(entry, plug_in=plug_in, runs=self.runs, examples=examples,
                     calibrated_level=float(np.mean(calibrated)),
-                    calibrated_upper=float(np.quantile(calibrated, 1 - tail)))
+                    calibrated_upper=float(np.quantile(calibrated, (1 + confidence) / 2)),
+                    reason=None)
+
+
+def split_half_calibration_error(halves, labels, bins=CALIBRATION_BINS, confidence=0.95,
+                                 rng=None):
+    """The split-half estimate of the class-aggregated calibration error, from the votes of two
+    halves of the runs (halves: [(votes, runs), (votes, runs)], votes examples x classes).
+
+    The plug-in estimate bins pairs by their vote share and compares the bin's labels with those
+    same shares: a pair whose votes came out high by chance is binned high and scored against its
+    high share, a bias that falls as runs are added. Here each pair is binned by one half's votes
+    and scored against the other half's shares, whose noise is independent of the binning, so
+    that each bin's sum has expectation 0 for an ensemble calibrated in the limit; the estimate is
+    the mean of the two ways round (cross-fitting). The bins are the equal-mass bins
+    (equal_mass_bins) of BINNING_RUNS runs' vote shares: a half of more runs is thinned to that
+    many (each example's votes drawn without replacement, multivariate hypergeometric), as the
+    bins of more runs are narrower and pool less, which changes the figure. So the estimate's
+    expectation is the same at any number of runs from 2 * BINNING_RUNS (tools/coverage.py
+    --calibration measures it, docs/studies.md gives the figures). It keeps the floor a finite test
+    set gives (labels drawn by chance).
+
+    The interval: the estimate +- z * the standard deviation of the estimate over RESAMPLES
+    bootstrap resamples of the test examples, the bins held (coverage of the estimator's mean
+    measured in tools/coverage.py --calibration).
+
+    Returns (entry, binned): entry holds estimate, ci_low, ci_high, confidence, interval (its
+    method), bins (those used by the first half: each one's confidence range and share of the
+    pairs), bins_used (the count, per half), binning_runs and comparable (False below
+    2 * BINNING_RUNS runs, with note); binned: per half (votes binned, their runs, the bin of
+    each level)."""
+    rng = np.random.default_rng(0) if rng is None else rng
+    examples = labels.size
+    binned = []
+    for votes, runs in halves:
+        thinned, kept = thin_votes(votes, runs, BINNING_RUNS, rng)
+        binned.append((thinned, kept, equal_mass_bins(level_counts(thinned, kept), bins)))
+    rows = [deviations(binned[h][0], halves[1 - h][0] / halves[1 - h][1], labels, binned[h][2])
+            for h in (0, 1)]
+    estimate = _split_estimate(rows, examples)
+    spread = float(np.std(_bootstrap_split(rows, examples, rng), ddof=1))
+    z = stats.norm.ppf((1 + confidence) / 2)
+    fewest = min(runs for _, runs in halves)
+    entry = dict(estimate=estimate, ci_low=float(max(estimate - z * spread, 0.0)),
+                 ci_high=float(estimate + z * spread), confidence=confidence,
+                 interval='estimate +- z * bootstrap standard deviation over test examples',
+                 bins=bins_used(level_counts(*binned[0][:2]), binned[0][2], binned[0][1]),
+                 bins_used=[len(bins_used(level_counts(v, r), b, r)) for v, r, b in binned],
+                 binning_runs=min(fewest, BINNING_RUNS), comparable=fewest >= BINNING_RUNS,
+                 note=None if fewest >= BINNING_RUNS else
+                 f'{2 * fewest} runs or so, fewer than {2 * BINNING_RUNS}: the bins are those of '
+                 f'{fewest} runs, not {BINNING_RUNS}, and the figure does not compare with '
+                 'studies of more runs')
+    return entry, binned
+
+
+def thin_votes(votes, runs, keep, rng):
+    """The votes of `keep` of the runs drawn without replacement, example by example (the
+    multivariate hypergeometric draw, class by class): (votes, keep); the votes as they are where
+    runs <= keep."""
+    if runs <= keep:
+        return votes, runs
+    thinned = np.zeros_like(votes)
+    left, wanted = np.full(votes.shape[0], runs), np.full(votes.shape[0], keep)
+    for k in range(votes.shape[1] - 1):
+        thinned[:, k] = rng.hypergeometric(votes[:, k], left - votes[:, k], wanted)
+        left, wanted = left - votes[:, k], wanted - thinned[:, k]
+    thinned[:, -1] = wanted
+    return thinned, keep
+
+
+def _labels_from(votes, rng):
+    """Labels drawn from the vote shares of `votes` (an exactly calibrated ensemble)."""
+    shares = votes.cumsum(axis=1) / votes[0].sum()
+    drawn = (shares <= rng.random((votes.shape[0], 1))).sum(axis=1)
+    return np.minimum(drawn, votes.shape[1] - 1)
+
+
+def _split_estimate(rows, examples):
+    return float(np.mean([np.abs(row.sum(axis=0)).sum() for row in rows]) / examples)
+
+
+def _bootstrap_split(rows, examples, rng, chunk=100):
+    """The split-half estimate on RESAMPLES resamples of the test examples (the bins held)."""
+    found = []
+    for start in range(0, RESAMPLES, chunk):
+        count = min(chunk, RESAMPLES - start)
+        offsets = examples * np.arange(count)[:, None]  # one bincount for all the resamples
+        chosen = rng.integers(0, examples, (count, examples)) + offsets
+        weights = np.bincount(chosen.ravel(), minlength=count * examples).reshape(
+            count, examples).astype(float)  # how often each example was drawn
+        found.append(np.mean([np.abs(weights @ row).sum(axis=1) for row in rows], axis=0)
+                     / examples)
+    return np.concatenate(found)

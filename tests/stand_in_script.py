@@ -1,8 +1,9 @@
 """stand_in_script.py: a stand-in for the airbench scripts, to measure and test study.py's engine.
 Its train returns at once: the TTA accuracy of a run of E epochs is 1 - (c + b * E^a) of CURVE plus
 Gaussian noise of std NOISE (hyp['curve']), drawn from the run's three seeds and rounded to a whole
-number of test images; infer's logits have exactly that accuracy on the test set train saw. The
-timed seconds are an A100's 3.83 s per 9.9 epochs plus 1% noise (made up, to have a figure).
+number of test images (with curve.diverges, chance: the loss is not finite); infer's logits have
+exactly that accuracy on the test set train saw. The timed seconds are an A100's 3.83 s per 9.9
+epochs plus 1% noise (made up, to have a figure).
 
 Only the method: study.py takes the rest (data, flags) from the repository's shared part, as it does
 for any copy that defines its method alone.
@@ -17,7 +18,8 @@ hyp = {
     'aug': {'flip': 'alternating'},
     'net': {'tta_level': 2},
     'curve': {'a': -1.0, 'b': 0.2, 'c': 0.04, 'noise': 0.0015,  # error = c + b * epochs^a
-              'diverges': False},  # True: every run's loss is not finite (a diverged run)
+              'diverges': False},  # True: every run's loss is not finite (a diverged run), and
+    #                      it ends at chance accuracy, as a network whose weights are not finite
 }
 EVAL_BATCH_SIZE = 2000
 A100_SECONDS_PER_EPOCH = 3.83 / 9.9
@@ -73,6 +75,8 @@ def train(data, hyp, device, precision, seed, net=None, epoch_eval=True, on_epoc
     epochs, labels = hyp['opt']['train_epochs'], data['test']['labels']
     net = build_net(hyp['net'], len(data['classes']), device, precision) if net is None else net
     accuracy = accuracy_of(hyp['curve'], epochs, seeds, len(labels))
+    if hyp['curve']['diverges']:  # weights not finite: one class for every image, chance
+        accuracy = round(len(labels) / len(data['classes'])) / len(labels)
     net.planned = (labels, accuracy, run_seed(seeds))
     steps = math.ceil(len(data['train']['labels']) // hyp['opt']['batch_size'] * epochs)
     noise = torch.randn(1, generator=torch.Generator().manual_seed(run_seed(seeds) + 1)).item()

@@ -378,3 +378,46 @@ def test_cace_of_a_sampled_calibrated_ensemble_is_within_its_noise():
     assert class_aggregated_calibration_error(predictions, labels, bins=None) < 4 * noise
     majority = votes.argmax(axis=1)
     assert class_aggregated_calibration_error(predictions, majority, bins=None) > 10 * noise
+
+
+def test_curves_whose_runs_share_seeds_are_paired():
+    """Run i of every epoch count and configuration shares its seeds (study.py's design): the
+    curve's intervals are paired, the same as fits' own with paired=True; rows without seeds (or
+    with other seeds) are not."""
+    runs = synthetic_runs(4, 0.0015, seed=11)
+    faster = {e: 1 - float(LAW.error_at(1.25 * e)) + np.random.default_rng(12).normal(0, 0.0015, 4)
+              for e in EPOCHS}
+    configs, rows = {}, []
+    for base, curve in (('base', runs), ('fast', faster)):
+        for epochs, accuracies in curve.items():
+            name = f'{base},train_epochs={epochs:g}'
+            configs[name] = Config(name=name, script='airbench94', base=base,
+                                   grid={'opt.train_epochs': f'{epochs:g}'},
+                                   hyp={'opt': {'train_epochs': epochs}})
+            rows += [dict(config=name, run=run, accuracy=a, seed_init=run, seed_order=run,
+                          seed_aug=run) for run, a in enumerate(accuracies)]
+    found = analysis.speedup_analysis(pd.DataFrame(rows), configs, target=0.94)
+    curve = found['curves']['fast']
+    assert curve['design'] == 'paired' and curve['epochs_to_target']['paired']
+    assert curve['epochs_to_target']['ci_low'] == pytest.approx(epochs_to_accuracy_interval(
+        faster, 0.94, paired=True)['ci_low'])
+    assert curve['speedup']['20.0']['ci_high'] == pytest.approx(effective_speedup_interval(
+        runs, faster[20], 20, paired=True)['ci_high'])
+    unseeded = speedup_of({'base': runs, 'fast': faster})
+    assert unseeded['curves']['fast']['design'] == 'unpaired'
+
+
+def test_report_flags_a_curve_that_no_power_law_fits():
+    """Errors 0.055 + 0.25 exp(-epochs / 6), 5 runs per cell: the curve's lack-of-fit test
+    rejects the law, the report shows "bad fit" with its reason, and the speedups derived from it
+    are marked."""
+    rng = np.random.default_rng(13)
+    curve = {e: 1 - (0.055 + 0.25 * math.exp(-e / 6)) + rng.normal(0, 0.0015, 5)
+             for e in (5, 10, 20, 40)}
+    other = {e: values + 0.002 for e, values in curve.items()}
+    found = speedup_of({'exponential': curve, 'other': other})
+    assert found['curves']['exponential']['lack_of_fit']['p_value'] < 0.05
+    lines = markdown.speedup_lines(found)
+    assert any('bad fit' in line for line in lines)
+    assert any(line.startswith(markdown.DAGGER) and 'does not fit' in line for line in lines)
+    assert all(not s['reliable'] for s in found['curves']['other']['speedup'].values())

@@ -279,7 +279,7 @@ def test_variance_streamed_over_runs_equals_the_arrays_and_grows_run_by_run(tmp_
         assert entry['n'] == 8
         assert entry['distribution_wise_variance'] == pytest.approx(
             variance.distribution_wise_variance(correct), rel=1e-12)
-        assert entry['calibration']['estimate'] == pytest.approx(
+        assert entry['calibration']['plug_in'] == pytest.approx(
             variance.class_aggregated_calibration_error(predictions[key], labels,
                                                         num_classes=classes), rel=1e-12)
     runs, arrays = study.load_study(study_dir)
@@ -307,6 +307,9 @@ def test_a_launch_with_a_flat_curve_and_a_diverged_configuration_exits_0_with_it
     flat = summary['speedup']['curves']['flat']['epochs_to_target']
     assert flat['estimate'] is None and 'do not fall' in flat['reason']
     assert 'diverged' not in summary['speedup']['curves']
+    claim = summary['target_claims']['claims']['diverged,train_epochs=80']
+    assert (claim['n'], claim['diverged'], claim['divergence_rate']) == (4, 4, 1.0)
+    assert claim['mean'] < 0.5 and claim['above_target'] is None  # chance, counted
     assert summary['comparisons']['resolve'] == 0.1
     report = open(os.path.join(study_dir, 'report.md')).read()
     assert 'runs to resolve 0.1 points' in report and 'undefined' in report
@@ -318,3 +321,230 @@ def _unlocked(study_dir):
     with open(os.path.join(study_dir, 'study.lock')) as lock:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises if a launch still held it
     return True
+
+
+# Claims a referee signs (issue 35)
+
+NINE = [0.93947, 0.93986, 0.94011, 0.94037, 0.9405, 0.94063, 0.94082, 0.94121, 0.94153]
+
+
+def test_record_claims_count_diverged_runs_and_are_holm_adjusted(tmp_path):
+    """The issue's study: a configuration of nine runs about 94.05% and one that diverged at 10%,
+    beside two others. Its claim counts the diverged run (p = 0.827, not the 0.024 of the nine),
+    shows the divergence rate with its exact interval and the one-sided bound beside the verdict;
+    the three claims are one Holm family. The configurations table no longer holds a verdict."""
+    study_dir = str(tmp_path / 'record')
+    make_study(study_dir, {name: config(name) for name in ('record', 'steady', 'short')}, 10,
+               target=0.94)
+    for run, accuracy in enumerate(NINE):
+        add_run(study_dir, 'record', run, accuracy)
+        add_run(study_dir, 'steady', run, accuracy + 0.001)
+        add_run(study_dir, 'short', run, accuracy - 0.002)
+    add_run(study_dir, 'record', 9, 0.10, diverged=True)
+    summary = study.write_outputs(study_dir)
+    claims = summary['target_claims']['claims']
+    record = claims['record']
+    assert record['p_value'] == pytest.approx(0.826914, abs=1e-6)
+    assert (record['n'], record['diverged'], record['above_target']) == (10, 1, False)
+    assert record['lower_bound'] < 0.94
+    p_values = [claims[name]['p_value'] for name in ('record', 'steady', 'short')]
+    assert [claims[name]['p_holm'] for name in ('record', 'steady', 'short')] == \
+        pytest.approx(study.holm(p_values))
+    assert claims['steady']['above_target'] is True and claims['steady']['lower_bound'] > 0.94
+    assert 'the 3 target claims' in summary['target_claims']['family']
+    report = open(os.path.join(study_dir, 'report.md')).read()
+    assert '| record | 10 (1) | 0.100 [0.003, 0.445] |' in report
+    assert '95% lower bound (one-sided)' in report
+    assert 'above 0.94 at 5%' not in report  # the old verdict beside the two-sided interval
+
+
+def test_no_power_from_the_observed_difference(tmp_path):
+    """Power computed at the observed difference (post-hoc power) is a function of the p-value:
+    neither summary.json nor report.md gives it; runs to resolve a difference come only from
+    --resolve, a difference fixed in advance."""
+    study_dir = str(tmp_path / 'posthoc')
+    make_study(study_dir, {name: config(name) for name in ('base', 'other')}, 6)
+    rng = np.random.default_rng(8)
+    for run in range(6):
+        add_run(study_dir, 'base', run, 0.94 + rng.normal(0, 0.0015))
+        add_run(study_dir, 'other', run, 0.941 + rng.normal(0, 0.0015))
+    summary = study.write_outputs(study_dir)
+    comparison = summary['comparisons']['comparisons'][0]
+    assert 'runs_to_resolve_difference' not in comparison and 'runs_to_resolve' not in comparison
+    report = open(os.path.join(study_dir, 'report.md')).read()
+    assert 'runs for 80% power' not in report and 'observed difference' not in report
+    summary = study.write_outputs(study_dir, resolve=0.1)
+    assert summary['comparisons']['comparisons'][0]['runs_to_resolve'] > 2
+
+
+def test_report_margin_gives_equivalence_tests(tmp_path):
+    """`study.py report DIR --margin 0.3 --time-margin 1.05`: each comparison gets the TOST of its
+    accuracy (paired, as the design) within 0.3 points and of its time per device model within
+    [1/1.05, 1.05], the equivalence tests Holm-adjusted as one family; a bad margin is refused."""
+    study_dir = str(tmp_path / 'equivalence')
+    make_study(study_dir, {name: config(name) for name in ('base', 'same', 'slower')}, 8)
+    rng = np.random.default_rng(9)
+    for run in range(8):
+        shared = rng.normal(0, 0.001)
+        add_run(study_dir, 'base', run, 0.94 + shared + rng.normal(0, 0.0005),
+                seconds=3.0 + rng.normal(0, 0.02))
+        add_run(study_dir, 'same', run, 0.94 + shared + rng.normal(0, 0.0005),
+                seconds=3.0 + rng.normal(0, 0.02))
+        add_run(study_dir, 'slower', run, 0.94 + shared + rng.normal(0, 0.0005),
+                seconds=3.6 + rng.normal(0, 0.02))
+    assert study.main(['report', study_dir, '--margin', '0.3', '--time-margin', '1.05']) == 0
+    summary = read_summary(study_dir)
+    found = {c['config']: c for c in summary['comparisons']['comparisons']}
+    runs, _ = study.load_study(study_dir, outputs=False)
+    accuracy = {name: runs[runs['config'] == name]['accuracy'].to_numpy()
+                for name in ('base', 'same')}
+    seconds = {name: runs[runs['config'] == name]['total_time_seconds'].to_numpy()
+               for name in ('base', 'same', 'slower')}
+    expected = study.equivalence_test(accuracy['base'], accuracy['same'], 0.003, paired=True)
+    assert found['same']['equivalence']['p_value'] == pytest.approx(expected['p_value'])
+    time_test = found['same']['time_equivalence_by_device']['GPU A']
+    assert time_test['p_value'] == pytest.approx(study.equivalence_test(
+        seconds['base'], seconds['same'], 1.05, ratio=True)['p_value'])
+    assert time_test['equivalent'] is True
+    assert found['slower']['time_equivalence_by_device']['GPU A']['equivalent'] is False
+    tests = [found[n]['equivalence'] for n in ('same', 'slower')] + \
+        [found[n]['time_equivalence_by_device']['GPU A'] for n in ('same', 'slower')]
+    assert [t['p_holm'] for t in tests] == pytest.approx(study.holm([t['p_value'] for t in tests]))
+    report = open(os.path.join(study_dir, 'report.md')).read()
+    assert 'Equivalence of accuracy within ±0.3 points' in report
+    assert 'As fast as, within a ratio of 1.05' in report
+    assert study.main(['report', study_dir, '--time-margin', '0.95']) == 1
+
+
+def rewrite_study(study_dir, **changes):
+    path = os.path.join(study_dir, 'study.json')
+    with open(path) as f:
+        content = json.load(f)
+    content.update(changes)
+    with open(path, 'w') as f:
+        json.dump(content, f)
+
+
+def test_a_target_chosen_after_the_runs_makes_the_claims_exploratory(tmp_path):
+    """`study.py report DIR --target T` after the runs: the report says the claims are
+    exploratory, why, and the rule that would make them confirmatory, and marks each verdict;
+    the study's own target, set at its launch before any run, gives confirmatory claims."""
+    study_dir = str(tmp_path / 'retarget')
+    make_study(study_dir, {'a': config('a')}, 9, target=0.94)
+    for run, accuracy in enumerate(NINE):
+        add_run(study_dir, 'a', run, accuracy)
+    summary = study.write_outputs(study_dir)
+    assert summary['looks']['exploratory'] is False
+    report = open(os.path.join(study_dir, 'report.md')).read()
+    assert 'Claims: confirmatory' in report and '| yes |' in report
+    summary = study.write_outputs(study_dir, target=0.9395)
+    assert summary['looks']['exploratory'] is True
+    assert 'the target 0.9395 was given to `study.py report` after 9 runs' in \
+        summary['looks']['reasons'][0]
+    report = open(os.path.join(study_dir, 'report.md')).read()
+    assert '**Claims: exploratory**' in report and 'yes (exploratory)' in report
+    assert 'fixed-n design' in report and 'alpha by a bound fixed in advance' in report
+    with open(os.path.join(study_dir, 'analysis', 'looks.json')) as f:
+        looks = json.load(f)['looks']
+    assert [look['target'] for look in looks] == [0.94, 0.9395]
+    assert [look['target_given'] for look in looks] == [None, 0.9395]
+
+
+def test_runs_added_after_a_report_make_the_claims_exploratory(tmp_path):
+    """A study of 4 runs reported, then extended to 8 (study.json's runs grown, 4 more runs):
+    the claims are exploratory, naming the report they follow. Runs added within the plan after
+    an interim report are only noted (a fixed n claimed at its end), and a partial study's
+    claims are an interim look."""
+    study_dir = str(tmp_path / 'extended')
+    make_study(study_dir, {'a': config('a')}, 4, target=0.94)
+    for run in range(2):
+        add_run(study_dir, 'a', run, NINE[run])
+    interim = study.write_outputs(study_dir)
+    assert interim['looks']['exploratory'] and 'interim look' in interim['looks']['reasons'][0]
+    for run in range(2, 4):
+        add_run(study_dir, 'a', run, NINE[run])
+    complete = study.write_outputs(study_dir)
+    assert not complete['looks']['exploratory']
+    assert 'the runs added since were planned before it' in complete['looks']['notes'][0]
+    rewrite_study(study_dir, runs=8)
+    for run in range(4, 8):
+        add_run(study_dir, 'a', run, NINE[run])
+    extended = study.write_outputs(study_dir)
+    assert extended['looks']['exploratory']
+    assert any('runs were added beyond the plan after the report of' in reason and
+               '4 per configuration planned; now 8' in reason
+               for reason in extended['looks']['reasons'])
+
+
+def test_a_launch_that_retargets_or_extends_after_runs_is_seen(tmp_path):
+    """Without looks.json (reports of an older study.py): study.json's launches tell. A second
+    launch, started after runs were finished, that sets another target or more runs makes the
+    claims exploratory; one that repeats the first command (a study continued) does not."""
+    study_dir = str(tmp_path / 'launches')
+    make_study(study_dir, {'a': config('a')}, 4, target=0.94)
+    first = ['study.py', 'airbench94', '--runs', '4', '--study-dir', study_dir, '--target',
+             '0.94', '--', '--epochs', '1']
+
+    def launch(started, command):
+        return dict(id=started[-2:], started=started, command=command,
+                    environment=dict(world_size=1))
+    for run in range(4):
+        add_run(study_dir, 'a', run, NINE[run])  # finished 2026-11-26T00:00:01
+    rewrite_study(study_dir, launches=[launch('2026-11-26T00:00:00', first),
+                                       launch('2026-11-26T01:00:00', first)])
+    assert not study.write_outputs(study_dir)['looks']['exploratory']
+    os.remove(os.path.join(study_dir, 'analysis', 'looks.json'))
+    retarget = [*first[:7], '0.939', *first[8:]]
+    rewrite_study(study_dir, launches=[launch('2026-11-26T00:00:00', first),
+                                       launch('2026-11-26T01:00:00', retarget)])
+    reasons = study.write_outputs(study_dir)['looks']['reasons']
+    assert reasons == ['the target was set to 0.939 by the launch of 2026-11-26T01:00:00, after '
+                       '4 runs were finished (before: 0.94)']
+    os.remove(os.path.join(study_dir, 'analysis', 'looks.json'))
+    more = [*first[:3], '8', *first[4:]]
+    rewrite_study(study_dir, launches=[launch('2026-11-26T00:00:00', first),
+                                       launch('2026-11-26T01:00:00', more)])
+    reasons = study.write_outputs(study_dir)['looks']['reasons']
+    assert any('extended the study (--runs 4 -> 8' in reason for reason in reasons)
+
+
+def test_log_ticks_are_few_readable_and_inside_the_range():
+    """The additive-ablation study's errors spanned 3e-9 to 1 once its fits were drawn, and every
+    minor tick was labelled: labels overprinted. Ticks now number 2 to 8 at any range, inside
+    it, each label distinct."""
+    for low, high in ((3e-9, 1.0), (1e-3, 0.9), (0.02, 0.3), (0.035, 0.065), (0.0312, 0.0488),
+                      (0.05, 0.051), (0.0078, 0.85)):
+        ticks = plots.log_ticks(low, high)
+        labels = [f'{tick:.3g}' for tick in ticks]
+        assert 2 <= len(ticks) <= 8 and len(set(labels)) == len(labels), (low, high, ticks)
+        assert all(low <= tick <= high for tick in ticks)
+
+
+def test_epochs_plot_draws_no_law_where_none_fits_and_keeps_intervals_in_0_1(tmp_path,
+                                                                            monkeypatch):
+    """A curve whose fit stopped at a bound ("no law fits") gets its points and no fitted line
+    (before: a dashed law drawn down to 1e-9); a free fit gets its line over the measured epochs
+    only; an interval of a mean accuracy that runs past 1 is cut at an error of 0, and the y axis
+    spans the data."""
+    curve = dict(epochs=[1.0, 2.0, 4.0], mean_accuracy=[0.7, 0.9, 0.999],
+                 ci_low=[0.6, 0.85, 0.99], ci_high=[0.8, 0.95, 1.004],
+                 fit=dict(a=-9.9, b=0.3, c=0.0, at_bounds=['c']), lack_of_fit=None)
+    free = dict(curve, mean_accuracy=[0.7, 0.8, 0.85], ci_low=[0.69, 0.79, 0.84],
+                ci_high=[0.71, 0.81, 0.86], fit=dict(a=-1.0, b=0.3, c=0.0, at_bounds=[]),
+                lack_of_fit=dict(p_value=0.5))
+    figures = {}
+    monkeypatch.setattr(plots, 'save', lambda figure, directory, name, plt:
+                        figures.setdefault(name, figure))
+    import matplotlib.pyplot as plt
+    plots.plot_epochs(str(tmp_path), dict(metric='accuracy', curves={'bound': curve,
+                                                                    'free': free}), plt)
+    axes = figures['epochs.png'].axes[0]
+    lines = [line for line in axes.get_lines() if len(line.get_xdata()) == 100]
+    assert len(lines) == 1 and min(lines[0].get_xdata()) == 1.0 and max(lines[0].get_xdata()) \
+        == 4.0
+    labels = [text.get_text() for text in axes.get_legend().get_texts()]
+    assert labels == ['bound (no law fits)', 'free']
+    errors, low, high = plots.error_bars(curve)
+    assert low[2] == 0.0 and (high <= 1).all()
+    bottom, top = axes.get_ylim()  # the smallest and largest error shown, with a margin
+    assert (bottom, top) == pytest.approx((0.001 / 1.25, 0.4 * 1.25))

@@ -124,11 +124,15 @@ def test_two_processes_train_every_run_once_and_the_summary_is_scipys(image_fold
         assert entry['std'] == pytest.approx(std)
         assert [entry['ci_low'], entry['ci_high']] == pytest.approx([mean - half_width,
                                                                      mean + half_width])
-        # the p-value of "mean <= target", and the decision at 5%
-        assert entry['p_mean_at_most_target'] == pytest.approx(stats.t.sf(t_above, n - 1))
-        assert entry['p_mean_at_most_target'] == pytest.approx(
+        # the p-value of "mean <= target" over every run, its one-sided bound, and Holm's
+        # decision at 5% over the two configurations' claims
+        claim = summary['target_claims']['claims'][config]
+        assert claim['p_value'] == pytest.approx(stats.t.sf(t_above, n - 1))
+        assert claim['p_value'] == pytest.approx(
             stats.ttest_1samp(values, 0.5, alternative='greater').pvalue)
-        assert entry['above_target_at_5pct'] == (entry['p_mean_at_most_target'] < 0.05)
+        assert claim['lower_bound'] == pytest.approx(mean - stats.t.ppf(0.95, n - 1) * std
+                                                     / math.sqrt(n))
+        assert claim['above_target'] == (claim['p_holm'] < 0.05)
         (cpu_times,) = entry['time_by_device'].values()
         assert cpu_times['mean'] == pytest.approx(statistics.fmean(times)) and cpu_times['n'] == 4
     (comparison,) = summary['comparisons']['comparisons']
