@@ -1,5 +1,5 @@
-"""Shared helpers: the scripts under test (imported as modules), small datasets, and running a
-script as a user does."""
+"""Shared helpers: the tiers (quick by default, `--tier slow`, `--tier all`), the scripts under
+test (imported as modules), small datasets, and running a script as a user does."""
 import copy
 import importlib.util
 import json
@@ -12,6 +12,33 @@ import pytest
 import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TIERS = ('quick', 'slow', 'all')
+
+
+def pytest_addoption(parser):
+    parser.addoption('--tier', choices=TIERS, default='quick', help=(
+        'quick (the default): the method, every flag and hyp check, the study engine in one '
+        'process, the statistics, in minutes; slow: the tests marked slow (processes, torchrun '
+        'and restarts, real data, compilation, coverage simulations); all: both, as CI runs them '
+        '(docs/tests.md)'))
+
+
+def pytest_configure(config):
+    config.addinivalue_line('markers', 'slow: starts processes, trains on real data, compiles '
+                            'with inductor or simulates at length: run by --tier slow or all')
+
+
+def pytest_collection_modifyitems(config, items):
+    """Keep the tests of the chosen tier; the others are deselected (and counted as such)."""
+    tier = config.getoption('--tier')
+    if tier == 'all':
+        return
+    slow = [item.get_closest_marker('slow') is not None for item in items]
+    config.hook.pytest_deselected(items=[item for item, s in zip(items, slow)
+                                         if s != (tier == 'slow')])
+    items[:] = [item for item, s in zip(items, slow) if s == (tier == 'slow')]
+
+
 # The paper's four scripts share the optimizer (SGD with Lookahead); airbench94_muon replaces it
 PAPER_SCRIPTS = ['airbench94', 'airbench94_compiled', 'airbench95', 'airbench96']
 SCRIPTS = [*PAPER_SCRIPTS, 'airbench94_muon', 'airbench94_hiverge']
@@ -63,6 +90,9 @@ TINY = ['--hyp', 'opt.batch_size=32', '--epochs', '1', '--no-warmup', '--no-epoc
         '--hyp', 'net.tta_level=0', '--device', 'cpu']
 
 
+NARROW_WIDTHS = {'block1': 8, 'block2': 16, 'block3': 16}  # the paper's shape (block2 the wider), for checks of training, not of accuracy
+
+
 def narrow(name, width=8):
     """A script's flags for a network of this width in every block (its proxy's too): what
     checks of the running script, not of its method's accuracy, train."""
@@ -104,8 +134,10 @@ def with_hyp(hyp, **settings):
 
 
 def quick_train(script, data, seed=0, net=None, **settings):
-    """train() on a small dataset: batches of 32 and 4 epochs unless settings say otherwise."""
-    hyp = with_hyp(script.hyp, **{'opt__batch_size': 32, 'opt__train_epochs': 4, **settings})
+    """train() on a small dataset: a network of NARROW_WIDTHS, batches of 32 and 4 epochs unless
+    settings say otherwise."""
+    hyp = with_hyp(script.hyp, **{'opt__batch_size': 32, 'opt__train_epochs': 4,
+                                  'net__widths': NARROW_WIDTHS, **settings})
     return script.train(data, hyp, CPU, 'fp32', seed, net=net, epoch_eval=False)
 
 

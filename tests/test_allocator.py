@@ -59,6 +59,7 @@ def bytes_returned_per_step(mode):
     return took, [int(r) for r in returned]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith('linux'), reason='a glibc malloc setting')
 def test_training_steps_keep_freed_memory():
     """Measured here (AMD EPYC), MiB given back after each of six steps:

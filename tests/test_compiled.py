@@ -1,9 +1,9 @@
 """airbench94_compiled: the same training as airbench94, every graph compiled in the warmup, with
-static shapes."""
+static shapes. Compilation takes minutes on a CPU: the slow tier."""
 import pytest
 import torch
 
-from conftest import (QUICK, load_script, record_compiled_graphs, run_script, summary_of,
+from conftest import (QUICK, load_script, narrow, record_compiled_graphs, run_script, summary_of,
                       tiny_dataset)
 
 # Pinned to fp32: compiled kernels sum in another order than eager ones, so each op's result can
@@ -14,12 +14,15 @@ from conftest import (QUICK, load_script, record_compiled_graphs, run_script, su
 # A different method (init, schedule, augmentation) changes these losses by more than 1e-2.
 LOSS_RTOL = 1e-4
 
+pytestmark = pytest.mark.slow
+
 
 def test_compiled_matches_eager_and_never_recompiles_after_warmup(image_folder, tmp_path):
     outcomes = {}
     for name in ('airbench94', 'airbench94_compiled'):
         result = run_script(name, '--data-dir', image_folder, '--runs', '2', '--seed', '7',
-                            '--log-dir', str(tmp_path / name), '--precision', 'fp32', *QUICK[:-1])
+                            '--log-dir', str(tmp_path / name), '--precision', 'fp32', *QUICK[:-1],
+                            *narrow(name, 16))
         assert result.returncode == 0, result.stderr
         outcomes[name] = summary_of(tmp_path / name)
     eager, compiled = outcomes['airbench94'], outcomes['airbench94_compiled']
@@ -58,7 +61,8 @@ def test_every_graph_static_and_compiled_in_the_warmup(tmp_path, monkeypatch, se
     monkeypatch.setattr(compiled, 'load_dataset', lambda *args, **kwargs: {**data, 'test': test})
     code = compiled.main(['--runs', '1', '--seed', '0', '--hyp', 'opt.batch_size=32', '--epochs',
                           str(epochs), '--device', 'cpu', '--precision', 'fp32',
-                          '--log-dir', str(tmp_path), *[a for s in settings for a in ('--hyp', s)]])
+                          '--log-dir', str(tmp_path), *narrow('airbench94_compiled', 16),
+                          *[a for s in settings for a in ('--hyp', s)]])
     assert code == 0
     summary = summary_of(tmp_path)
     hyp = summary['hyp']

@@ -19,8 +19,8 @@ from torch._subclasses.fake_tensor import (DataDependentOutputException,
                                           DynamicOutputShapeException, FakeTensorMode)
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from conftest import (CPU, FAKE_CUDA, compile_with_backend, load_script, needs_cpu_fp16_padding,
-                      needs_fake_cuda, tiny_dataset, with_hyp)
+from conftest import (CPU, FAKE_CUDA, NARROW_WIDTHS, compile_with_backend, load_script,
+                      needs_cpu_fp16_padding, needs_fake_cuda, tiny_dataset, with_hyp)
 
 META = torch.device('meta')
 
@@ -163,7 +163,7 @@ def test_no_host_synchronization_inside_the_timed_region(ab94, monkeypatch, abla
     recorder = HostSyncRecorder()
     monkeypatch.setattr(ab94, 'time', timed_region_tracker(ab94, recorder))
     hyp = with_hyp(ab94.hyp, **{'opt__batch_size': 16, 'opt__train_epochs': 3.5, 'aug__cutout': 8,
-                                'aug__translate': 2, **ablations})
+                                'aug__translate': 2, 'net__widths': NARROW_WIDTHS, **ablations})
     with recorder:
         result = ab94.train(tiny_dataset(), hyp, CPU, precision, seed=0)
     assert not recorder.timed  # the timed regions all closed

@@ -68,6 +68,7 @@ def test_svhn_turns_flipping_off_unless_asked(ab94, tmp_path, monkeypatch):
     assert flips == {(): 'none', ('--hyp', 'aug.flip=random'): 'random'}
 
 
+@pytest.mark.slow
 def test_same_seed_same_results_different_seed_different(image_folder, tmp_path):
     outcomes = []
     for seed in ('11', '11', '12'):

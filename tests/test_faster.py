@@ -399,6 +399,7 @@ def test_what_the_method_tests_check_of_every_script(faster, monkeypatch):
         check(faster)
 
 
+@pytest.mark.slow
 def test_layout_import_and_method_part(faster):
     test_layout.test_import_does_nothing_but_define(NAME)
     test_layout.test_the_method_uses_nothing_from_below_the_banner(NAME)
@@ -406,6 +407,7 @@ def test_layout_import_and_method_part(faster):
     assert NAME in test_layout.shared.METHOD_DIFFERENCES
 
 
+@pytest.mark.slow
 def test_run_writes_logs_and_learns(image_folder, tmp_path):
     widths = "{'block1': 16, 'block2': 16, 'block3': 16}"
     result = run_script(NAME, '--data-dir', image_folder, '--runs', '1', '--seed', '3',

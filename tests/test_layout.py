@@ -82,6 +82,7 @@ def test_the_method_part_alone_trains_a_network(ab94):
     assert result['epoch_train_losses'][-1] < result['epoch_train_losses'][0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', SCRIPTS)
 def test_import_does_nothing_but_define(name):
     code = (f'import sys, importlib.util; sys.argv = ["x", "--runs", "0"]\n'

@@ -408,6 +408,7 @@ def test_on_epoch_gets_each_epochs_figures_and_can_stop_the_run(ab94):
 
 def test_each_source_of_randomness_has_its_own_seed(ab94):
     from conftest import CPU, tiny_dataset, with_hyp
+    widths = {'block1': 32, 'block2': 32, 'block3': 32}  # block1: 24 identity filters, 8 random
     seeds = ab94.source_seeds(0)
     assert set(seeds) == {'init', 'order', 'aug'} and len(set(seeds.values())) == 3
     assert ab94.source_seeds(0) == seeds and ab94.source_seeds(1) != seeds
@@ -420,16 +421,17 @@ def test_each_source_of_randomness_has_its_own_seed(ab94):
     # With a vanishing lr the filters stay as initialized (the zeros of the identity init move by
     # ~1e-35, the run's 4 steps being too few for Lookahead): only the init seed may change them
     frozen = with_hyp(ab94.hyp, opt__batch_size=16, opt__train_epochs=1, opt__lr=1e-30,
-                      opt__weight_decay=0.0)
+                      opt__weight_decay=0.0, net__widths=widths)
     weights, _ = run(frozen)
     assert torch.allclose(run(frozen, order=7, aug=8)[0], weights, rtol=0, atol=1e-30)
     assert (run(frozen, init=7)[0] - weights).abs().max() > 1e-3
     # Without augmentation the aug seed changes nothing; the order seed changes the batches
     plain = with_hyp(ab94.hyp, opt__batch_size=16, opt__train_epochs=2, aug__flip='none',
-                     aug__translate=0)
+                     aug__translate=0, net__widths=widths)
     weights, losses = run(plain)
     assert torch.equal(run(plain, aug=8)[0], weights)
     assert run(plain, order=7)[1] != losses
     # With augmentation the aug seed matters
-    augmented = with_hyp(ab94.hyp, opt__batch_size=16, opt__train_epochs=2)
+    augmented = with_hyp(ab94.hyp, opt__batch_size=16, opt__train_epochs=2,
+                         net__widths=widths)
     assert run(augmented)[1] != run(augmented, aug=8)[1]

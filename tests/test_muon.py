@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from conftest import (CPU, FAKE_CUDA, load_script, needs_cpu_fp16_padding, needs_fake_cuda,
-                      record_compiled_graphs, summary_of, tiny_dataset, with_hyp)
+from conftest import (CPU, FAKE_CUDA, NARROW_WIDTHS, load_script, needs_cpu_fp16_padding,
+                      needs_fake_cuda, record_compiled_graphs, summary_of, tiny_dataset, with_hyp)
 
 # Every 3x3 filter bank of the network, flattened to out_channels x (in_channels * 9): all wide.
 # The tests also take each one transposed (tall).
@@ -203,7 +203,7 @@ def test_no_host_synchronization_inside_the_timed_region(muon, monkeypatch):
     from test_cuda_path import HostSyncRecorder, timed_region_tracker
     recorder = HostSyncRecorder()
     monkeypatch.setattr(muon, 'time', timed_region_tracker(muon, recorder))
-    hyp = with_hyp(muon.hyp, opt__batch_size=16, opt__train_epochs=3.5)
+    hyp = with_hyp(muon.hyp, opt__batch_size=16, opt__train_epochs=3.5, net__widths=NARROW_WIDTHS)
     with recorder:
         result = muon.train(tiny_dataset(), hyp, CPU, 'fp16', seed=0)
     assert not recorder.timed and result['steps'] == 14

@@ -5,6 +5,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO
 from test_study import ENV, training
 
@@ -25,6 +27,7 @@ def percent(values):
     return f'{100 * sum(values) / len(values):.2f}%'
 
 
+@pytest.mark.slow
 def test_training_order_table(image_folder, tmp_path):
     table = run_experiment('training_order', tmp_path / 'order', image_folder, '--runs', '2')
     runs, _ = study.load_study(str(tmp_path / 'order'))
@@ -38,6 +41,7 @@ def test_training_order_table(image_folder, tmp_path):
         'replacement'}
 
 
+@pytest.mark.slow
 def test_alternating_flip_tables_with_both_tta_columns_and_speedups(image_folder, tmp_path):
     study_dir = tmp_path / 'flip'
     command = [sys.executable, os.path.join(REPO, 'studies', 'alternating_flip.py'),
@@ -58,6 +62,7 @@ def test_alternating_flip_tables_with_both_tta_columns_and_speedups(image_folder
     assert len(re.findall(r'^\| No \| [123] \| ', table, re.MULTILINE)) == 3
 
 
+@pytest.mark.slow
 def test_alternating_flip_needs_the_plain_accuracy(image_folder, tmp_path):
     command = [sys.executable, os.path.join(REPO, 'studies', 'alternating_flip.py'),
                '--study-dir', str(tmp_path / 'flip'), '--runs', '1', '--epochs', '1,2',
@@ -69,6 +74,7 @@ def test_alternating_flip_needs_the_plain_accuracy(image_folder, tmp_path):
         'error: the runs have no plain (no-TTA) accuracy: per-epoch evaluation was off')
 
 
+@pytest.mark.slow
 def test_variance_table_from_saved_logits(image_folder, tmp_path):
     study_dir = tmp_path / 'variance'
     table = run_experiment('variance_calibration', study_dir, image_folder, '--runs', '3',
@@ -85,6 +91,7 @@ def test_variance_table_from_saved_logits(image_folder, tmp_path):
                           re.MULTILINE)) == 6
 
 
+@pytest.mark.slow
 def test_additive_ablation_table_is_the_fits_of_the_records(image_folder, tmp_path):
     study_dir = tmp_path / 'ablation'
     table = run_experiment('additive_ablation', study_dir, image_folder, '--runs', '1',

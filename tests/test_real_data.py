@@ -23,6 +23,7 @@ MEASURED_ACCURACIES = {('fp32', 0): 0.5416, ('fp32', 1): 0.5347, ('bf16', 0): 0.
 REAL_DATA_MIN_ACCURACY = 0.47
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not REAL_DATA, reason='set AIRBENCH_REAL_DATA to the CIFAR-10 tarball or folder')
 def test_half_an_epoch_on_real_cifar10(tmp_path):
     data_dir = REAL_DATA

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO
 
 STAND_IN = '''
@@ -57,6 +59,7 @@ def run_tool(script, data_dir, workdir, *flags):
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_a_cuda_only_script_runs_on_the_cpu_in_our_precision(image_folder, tmp_path):
     script = tmp_path / 'published.py'
     script.write_text(STAND_IN)
@@ -134,6 +137,7 @@ if __name__ == '__main__':
 '''
 
 
+@pytest.mark.slow
 def test_a_script_without_hyp_making_cuda_tensors_runs_with_its_schedule_fitted(image_folder,
                                                                                 tmp_path):
     script = tmp_path / 'published.py'
@@ -175,6 +179,7 @@ if __name__ == '__main__':
 '''
 
 
+@pytest.mark.slow
 def test_seed_sets_the_draws_of_a_script_that_seeds_nothing(image_folder, tmp_path):
     script = tmp_path / 'published.py'
     script.write_text(DRAWING_STAND_IN)

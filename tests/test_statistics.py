@@ -311,6 +311,7 @@ def test_vectorized_fits_equal_the_least_squares_fit():
                     else found == expected
 
 
+@pytest.mark.slow
 def test_interval_coverage_on_simulated_studies():
     """Epochs to 94% on law A (error 0.03 + 0.45 E^-0.75, grid 5 to 40, noise 0.15 points, runs
     paired by seed with a correlation of 0.5) at 3 runs per cell, 100 simulated studies: with 100

@@ -94,6 +94,7 @@ def study_main(monkeypatch):
     return main
 
 
+@pytest.mark.slow
 def test_two_processes_train_every_run_once_and_the_summary_is_scipys(image_folder, tmp_path):
     study_dir = tmp_path / 'study'
     result = finish(launch(
@@ -172,6 +173,7 @@ def test_two_processes_train_every_run_once_and_the_summary_is_scipys(image_fold
         assert open(study_dir / plot, 'rb').read(8) == b'\x89PNG\r\n\x1a\n'
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('rank', [1, 0])
 def test_kill_9_of_a_worker_then_the_same_command_completes_the_study(rank, image_folder,
                                                                        tmp_path):
@@ -208,6 +210,7 @@ def two_node_launch(node, port, study_dir, data_dir, *flags, **options):
                             f'--rdzv-endpoint=127.0.0.1:{port}'], **options)
 
 
+@pytest.mark.slow
 def test_two_nodes_on_localhost_complete_one_study(tmp_path):
     # each machine with its own copy of the data and no shared filesystem: only rank 0 writes DIR
     data_dirs = [write_image_folder(str(tmp_path / f'data{node}')) for node in (0, 1)]
@@ -225,6 +228,7 @@ def test_two_nodes_on_localhost_complete_one_study(tmp_path):
     assert study_summary(study_dirs[0])['launches'][0]['environment']['world_size'] == 2
 
 
+@pytest.mark.slow
 def test_a_lost_machine_has_its_run_trained_by_another_in_the_same_launch(image_folder, tmp_path):
     study_dir = tmp_path / 'study'
     port = free_port()
@@ -247,6 +251,7 @@ def test_a_lost_machine_has_its_run_trained_by_another_in_the_same_launch(image_
     assert sorted(trained(output.stdout)) == every_run  # each written once
 
 
+@pytest.mark.slow
 def test_processes_that_see_different_data_are_refused(tmp_path):
     data_dirs = [write_image_folder(str(tmp_path / f'data{node}'), seed=node) for node in (0, 1)]
     port = free_port()
@@ -375,6 +380,7 @@ def test_bad_input_is_refused_in_one_line(args, script_flags, message, study_mai
     assert not study_dir.exists()  # refused before anything was written
 
 
+@pytest.mark.slow
 def test_missing_data_and_an_unknown_script_from_the_command_line(tmp_path):
     missing = finish(launch('airbench94', '--runs', '1', '--study-dir', str(tmp_path / 'study'),
                             '--', *training(), '--data-dir', str(tmp_path / 'nothing')))

@@ -10,6 +10,7 @@ import os
 import pathlib
 import re
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -38,13 +39,31 @@ def argv(study_dir, image_folder, runs=3):
             *QUICK, '--data-dir', image_folder]
 
 
+@pytest.fixture(scope='module')
+def pristine_study(tmp_path_factory):
+    """A finished study of the stand-in (3 runs with saved logits), launched once for the module,
+    and its data."""
+    root = tmp_path_factory.mktemp('damage')
+    image_folder = write_image_folder(str(root / 'data'))
+    with pytest.MonkeyPatch.context() as patch:
+        for key in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK'):
+            patch.delenv(key, raising=False)
+        assert load_script('study').main(argv(root / 'study', image_folder)) == 0
+    return root / 'study', image_folder
+
+
 @pytest.fixture
-def finished_study(study_main, image_folder, tmp_path, capsys):
-    """A finished study of the stand-in (3 runs with saved logits), and its records."""
+def finished_study(pristine_study, tmp_path, capsys):
+    """A copy of the pristine study for one test to damage, and its records."""
     study_dir = tmp_path / 'study'
-    assert study_main(argv(study_dir, image_folder)) == 0
+    shutil.copytree(pristine_study[0], study_dir)
     capsys.readouterr()
     return study_dir, records(study_dir)
+
+
+@pytest.fixture
+def image_folder(pristine_study):
+    return pristine_study[1]
 
 
 def cut_short(path, keep=0.5):

@@ -64,6 +64,7 @@ def launchers_for(topology, study_dir, data_dir):
     return launchers
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('topology, rank', [('one node', 1), ('one node', 0),
                                             ('two nodes, static', 1), ('two nodes, static', 0),
                                             ('two nodes, c10d', 1), ('two nodes, c10d', 0)])
@@ -90,6 +91,7 @@ def test_a_killed_process_is_replaced_and_the_same_launch_completes(topology, ra
     assert elapsed < 150, elapsed
 
 
+@pytest.mark.slow
 def test_a_stopped_process_has_its_run_taken_over_and_its_late_record_dropped(image_folder,
                                                                               tmp_path):
     study_dir = tmp_path / 'study'
@@ -154,6 +156,7 @@ def train(data, hyp, *args, **kwargs):
 '''
 
 
+@pytest.mark.slow
 def test_a_run_that_raises_is_recorded_and_the_next_launch_retries_it(
         study_main, image_folder, tmp_path, monkeypatch, capsys):
     script = tmp_path / 'flaky_airbench.py'
@@ -196,6 +199,7 @@ def train(data, hyp, *args, **kwargs):
 '''
 
 
+@pytest.mark.slow
 def test_runs_that_fail_under_torchrun_restarts_end_the_launch(image_folder, tmp_path):
     """Rank 0 exits 2 (runs failed); torchrun --max-restarts restarts the processes, and the
     restarted launch finds every run done (the failed ones by their tries): it says so and ends,
@@ -221,6 +225,7 @@ def test_runs_that_fail_under_torchrun_restarts_end_the_launch(image_folder, tmp
     assert study_summary(study_dir)['configs']['bad']['failed'] == 2
 
 
+@pytest.mark.slow
 def test_sigterm_keeps_the_finished_runs_and_the_same_command_continues(image_folder, tmp_path):
     study_dir = tmp_path / 'study'
     args = ['airbench94', '--study-dir', str(study_dir), *RUNS, '--data-dir', image_folder]
@@ -287,6 +292,7 @@ class FlakyStore:
         return call
 
 
+@pytest.mark.slow
 def test_a_store_that_drops_connections_does_not_end_a_study(study_main, image_folder, tmp_path,
                                                              monkeypatch):
     shared = dist.HashStore()

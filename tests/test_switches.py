@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import CPU, load_script, quick_train, tiny_dataset, with_hyp
+from conftest import CPU, NARROW_WIDTHS, load_script, quick_train, tiny_dataset, with_hyp
 
 N, BATCH = 2050, 100  # loader tests: 20 full batches and a partial one, dropped
 
@@ -109,7 +109,8 @@ def test_identity_init_off_leaves_the_3x3_convs_at_their_default_init(paper_scri
 
 def test_identity_init_off_in_training(ab94, monkeypatch):
     calls = spy(monkeypatch, ab94, 'init_identity')
-    net = ab94.build_net(ab94.hyp['net'], 2, torch.device('cpu'), 'fp32')
+    net = ab94.build_net({**ab94.hyp['net'], 'widths': NARROW_WIDTHS}, 2, torch.device('cpu'),
+                         'fp32')
     calls.clear()  # make_net's own init
     run(ab94, net=net, net__identity_init=False, opt__train_epochs=1)
     assert calls == []

@@ -85,8 +85,8 @@ def run_tests(python, files):
     with tempfile.TemporaryDirectory() as directory:
         report = os.path.join(directory, 'report.xml')
         start = time.perf_counter()
-        subprocess.run([python, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', *files,
-                        f'--junitxml={report}'], cwd=REPO)
+        subprocess.run([python, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', '--tier', 'all',
+                        *files, f'--junitxml={report}'], cwd=REPO)
         seconds = time.perf_counter() - start
         cases = ElementTree.parse(report).getroot().iter('testcase')
         outcomes, seconds_per_file = {}, {}
