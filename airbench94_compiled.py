@@ -4,19 +4,14 @@ Method: the airbench paper, section "Compilation". The training is airbench94's 
 1,972,792-parameter network, hyperparameters and distribution of trained networks, 0.36 PFLOPs);
 only how the network's forward and backward passes run changes.
 
-Changes relative to airbench94.py (everything else is identical, block for block):
-- build_net compiles the network (torch.compile, static shapes; max-autotune on CUDA). main()
-  builds it once, and each run reinitializes it from its seed, as in every script;
-- the warmup run, untimed as always, compiles every graph a run needs (training with the whitening
-  bias trainable and frozen, evaluation and TTA at the test set's batch sizes), so nothing compiles
-  in the timed runs: the log records graphs_compiled_since_warmup (0) and warmup_seconds;
-- infer clones the plain view's logits (with CUDA graphs, max-autotune, a graph's outputs are
-  overwritten by its next call), and gives TTA's shifted views the input's strides, so one graph
-  per batch size serves every view (static shapes would otherwise compile one for them too).
-
 Evidence: NVIDIA A100 (the paper, max-autotune): 94.01% mean TTA accuracy, 3.29 s per run. CPUs,
 CIFAR-10 re-encoded as JPEG: docs/cpu.md's results (n, host, command). Timed as in the paper:
 from the first touch of training data (whitening init) to the test predictions (after TTA).
+
+Changes relative to airbench94.py (line by line: docs/layout.md): build_net compiles the network
+(static shapes; max-autotune on CUDA), and the untimed warmup compiles every graph a run needs, so
+nothing compiles in the timed runs (the log's graphs_compiled_since_warmup: 0); infer clones the
+plain view's logits and gives TTA's shifted views the input's strides (one graph per batch size).
 
 Run: python airbench94_compiled.py --runs 25 (see --help). Importing it only defines
 things: the method, then below the banner "Running the script" what runs it (alike in all scripts).

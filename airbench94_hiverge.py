@@ -7,39 +7,16 @@ by Muon on the 3x3 filters and Nesterov SGD on the rest, for 245 steps of 1536 i
 brightness and contrast jitter, and six-view TTA spent only on the least confident quarter of the
 test set. Training costs 0.263 PFLOPs as tools/flops.py counts them (airbench94_muon: 0.291).
 
-Changes relative to airbench94_muon.py, each with the published value (ours in brackets where
-the published script's code says it otherwise):
-- hyp: batch 1536 (2000), 7.65 epochs (8): 245 steps of 32 per epoch; Muon lr 0.205 (0.24),
-  momentum 0.655 (0.6); SGD head lr 0.5415 (0.67), bias lr 0.0573 (0.053), momentum 0.825 (0.85);
-  weight decay 1.0418e-6 per example (2e-6), and Muon's filters now decay too, decoupled: each step
-  multiplied by 1 - lr x 1.0418e-6 x 1536 at the scheduled lr; label smoothing 0.09 (0.2);
-  BatchNorm momentum 0.5566 (0.6); the whitening bias trained for 0.2 epochs, ceil(0.2 x 32) = 7
-  steps (3 epochs), its lr decaying linearly to 0 over them;
-- batch_brightness_contrast, new, and CifarLoader applies it every epoch after the flip: each image
-  (normalized) shifted by a uniform draw in +-0.1399, then scaled by one in 1 +- 0.1308;
-- ConvGroup: SiLU in place of GELU (the GELU after the whitening layer stays);
-- whitening from the first 960 training images (5000); the published takes the eigenvectors of
-  the 12x12 second-moment matrix by torch.svd, we keep eigh: for that symmetric matrix the same
-  filters up to each one's sign (tools/hiverge_equivalence.py);
-- orthogonalize: coefficients (3.4576, -4.7391, 2.0843) ((3.4445, -4.7750, 2.0315)), on a batch
-  of matrices; Muon zero-pads every bank's update to the largest bank's shape (256 x 2304) and
-  orthogonalizes all six at once; it runs in the weights' dtype on CUDA, fp16 as published (bf16),
-  and in bf16 on the CPU (measured faster there, docs/cpu.md); its momentum is kept in the
-  weights' dtype (fp16 on CUDA, as published). The published scales each update to a "target
-  magnitude" before normalizing it to unit norm; the two cancel but for its epsilons (a relative
-  1e-4 of the update), which we leave out;
-- Muon renormalizes the filters (each bank to Frobenius norm sqrt(out_channels), as before) only
-  every few steps, the interval growing with training progress: 2 + floor(15 x step / 245) steps
-  since the last (every step); renormalization_steps says which;
-- infer: plain logits for all test images, then the views of TTA level 2 (the image, it
-  translated one pixel up-left and down-right, and their mirrors) weighted equally (1/4, 1/4, 1/8
-  x 4) for the 25% of images whose top softmax probability is lowest (all images); hyp's
-  tta_fraction says which share: 0 is plain evaluation, 1 full TTA.
-
 Evidence: NVIDIA A100-SXM4-80GB (the published script, RunPod, torch 2.4.0): 94.02% mean TTA
 accuracy, n=2000, 1.98 s per run. CPUs, CIFAR-10 re-encoded as JPEG: docs/cpu.md's results (n,
 host, command), beside the published script. Timed as in the paper: from the first touch of
 training data (whitening init) to the test predictions (after TTA).
+
+Changes relative to airbench94_muon.py (line by line, with the published values: docs/layout.md):
+its hyp retuned (batch 1536, 7.65 epochs, Muon's filters decayed too), a brightness and contrast
+jitter, SiLU in the blocks, whitening from 960 images, the six filter banks orthogonalized at once
+and renormalized only every few steps, and TTA for the least confident quarter of the test set.
+
 Run: python airbench94_hiverge.py --runs 25 --data-dir data/cifar10 (see --help).
 """
 import time

@@ -6,23 +6,16 @@ and TTA are airbench94's; the 3x3 conv filters are trained by Muon: Nesterov mom
 filter bank's update made approximately orthogonal by a few Newton-Schulz iterations, with the bank
 renormalized to a fixed norm before each step. Training costs 0.29 PFLOPs (airbench94: 0.36).
 
-Changes relative to airbench94.py (everything else is identical, block for block):
-- hyp: batch 2000, 8 epochs; Muon (lr 0.24, momentum 0.6, 3 Newton-Schulz steps) for the 3x3
-  filters; Nesterov SGD (momentum 0.85) for the head (lr 0.67) and the biases (lr 0.053), weight
-  decay 2e-6 per example; logits divided by the head's width (256) instead of multiplied by 1/9;
-- make_net and reinitialize: the head starts at unit standard deviation;
-- init_whitening keeps the whitening bias's default init (airbench94 zeroes it);
-- no Lookahead; the schedule decays linearly from the full lr to 0, with no warmup, and the
-  whitening bias's lr decays to 0 over its 3 epochs of training;
-- build_net compiles the network on CUDA, as the record does, and infer clones the logits (see
-  airbench94_compiled.py); on CUDA, as in the record, the Newton-Schulz iteration is compiled too
-  (one static graph per filter shape, all compiled by the warmup) and the SGD groups step with the
-  fused implementation. On the CPU the network and the iteration run eagerly (inductor's CPU code
-  was slower, docs/cpu.md, "Speed") and SGD takes PyTorch's default implementation there.
-
 Evidence: NVIDIA A100 (the record, torch 2.4.1): 94.01% mean TTA accuracy, n=200, 2.59 s per run.
 CPUs, CIFAR-10 re-encoded as JPEG: docs/cpu.md's results (n, host, command). Timed as in the
 paper: from the first touch of training data (whitening init) to the test predictions (after TTA).
+
+Changes relative to airbench94.py (line by line, with every value: docs/layout.md): Muon on the
+3x3 filters and Nesterov SGD on the head and biases, batch 2000 for 8 epochs, no Lookahead, a
+schedule that decays linearly to 0 without warmup, the head initialized at unit std and its logits
+divided by its width, the whitening bias at its default init; on CUDA, as in the record, the
+network and the Newton-Schulz iteration are compiled (on the CPU they run eagerly).
+
 Run: python airbench94_muon.py --runs 25 --data-dir data/cifar10 (see --help).
 """
 import time

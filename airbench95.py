@@ -3,14 +3,13 @@
 Method: the airbench paper, section "95% and 96% targets": airbench94 widened and trained longer.
 The network has 4,606,520 parameters; training costs 1.4 PFLOPs (paper; this code counts 1.34).
 
-Changes relative to airbench94.py (everything else is identical, block for block):
-- 15 epochs instead of 9.9;
-- block widths 128/384/384 instead of 64/256/256;
-- learning rate 10.0 per 1024 examples instead of 11.5 (the paper's "factor of 0.87").
-
 Evidence: NVIDIA A100 (the paper): 95.01% mean TTA accuracy, 10.4 s per run. CPUs, CIFAR-10
 re-encoded as JPEG: docs/cpu.md's results (n, host, command). Timed as in the paper: from the
 first touch of training data (whitening init) to the test predictions (after TTA).
+
+Changes relative to airbench94.py (docs/layout.md lists them): 15 epochs instead of 9.9, block
+widths 128/384/384 instead of 64/256/256, and a learning rate of 10.0 per 1024 examples instead
+of 11.5; everything else is identical, block for block.
 
 Run: python airbench95.py --runs 10 --data-dir data/cifar10 (see --help). Importing it only defines
 things: the method, then below the banner "Running the script" what runs it (alike in all scripts).

@@ -4,17 +4,13 @@ Method: the airbench paper, section "95% and 96% targets". The network has 12,72
 training costs 7.2 PFLOPs (paper text; the authors' README says 7.5). Counting what this script runs
 (tools/flops.py) gives 7.23, which supports 7.2; 7.5 is 3 x forward x 50,000 images x 40 epochs.
 
-Changes relative to airbench94.py (everything else is identical, block for block):
-- 40 epochs instead of 9.9;
-- block widths 128/512/512 instead of 64/256/256;
-- three convolutions per block instead of two, with a residual connection around the later two
-  (ConvGroup);
-- 12-pixel Cutout, and translation by up to 4 pixels instead of 2;
-- learning rate 9.0 per 1024 examples instead of 11.5 (the paper's "factor of 0.78").
-
 Evidence: NVIDIA A100 (the paper): 96.05% mean TTA accuracy, 46.3 s per run. CPUs, CIFAR-10
 re-encoded as JPEG: docs/cpu.md's results (n, host, command). Timed as in the paper: from the
 first touch of training data (whitening init) to the test predictions (after TTA).
+
+Changes relative to airbench94.py (line by line: docs/layout.md): 40 epochs, block widths
+128/512/512, three convolutions per block with a residual around the later two (ConvGroup),
+12-pixel Cutout, translation by up to 4 pixels, and a learning rate of 9.0 per 1024 examples.
 
 Run: python airbench96.py --runs 5 --data-dir data/cifar10 (see --help). Importing it only defines
 things: the method, then below the banner "Running the script" what runs it (alike in all scripts).

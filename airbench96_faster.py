@@ -9,28 +9,17 @@ network (9,918,776 parameters: widths 128/384/512, airbench96's block) then trai
 hardest 512 only, for 45 epochs. Training costs 3.1 PFLOPs (the record's figure; airbench96: 7.2):
 tools/flops.py counts 3.16 as run (3.17 at 3 x forward), of which the proxy's pass 0.11.
 
-Changes relative to airbench96.py (everything else is identical, block for block):
-- hyp: 45 epochs of 48 batches; the main network trains on masked_fraction 0.5 of each batch (512
-  of 1024); weight decay 0.012 per 1024 examples instead of 0.0153; widths 128/384/512 instead of
-  128/512/512; the lr rises over the first 10% of the steps instead of 23% and ends at 0 instead of
-  0.07; hyp['proxy']: the proxy's architecture and how often it steps;
-- CifarLoader: an endless stream whose batches run across epoch boundaries (no image is dropped,
-  any number of steps can be taken), and every pass over it starts the same stream again;
-- ConvGroup and make_net: a block has two convolutions (the proxy's, airbench94's) or three;
-- hardest_examples and select_hardest (new): the proxy's pass. train times it after the whitening
-  init (the proxy takes the main network's whitening layer, its own bias frozen at zero; its
-  initialization draws from source_seeds(seeds['init'])['init']), then trains the main network on
-  each batch's selected examples.
-Where the record's code departs from airbench96, ours follows the record: its residual adds before
-the block's last GELU, its BatchNorm keeps PyTorch's running-stat momentum (0.9 in the paper's
-sense, not 0.6), and its whitening bias trains all 45 epochs (its freeze compares epochs with
-steps and never fires). From the record's weights and batches, ours trains as it does
-(tools/record_equivalence.py; docs/cpu.md).
-
 Evidence: NVIDIA A100 (the record, torch 2.4.0): 96.00% mean TTA accuracy, n=200, 27.3 s per run.
 CPUs, CIFAR-10 re-encoded as JPEG: docs/cpu.md's results (n, host, command). Timed as in the
 paper: from the first touch of training data (whitening init) through the proxy's pass and the
 training to the test predictions (after TTA).
+
+Changes relative to airbench96.py (line by line: docs/layout.md): the proxy's pass
+(hardest_examples, select_hardest, hyp['proxy']), an endless loader whose batches run across
+epochs, blocks of two or three convolutions, and the record's hyp (45 epochs, weight decay 0.012,
+widths 128/384/512, the lr's peak at 10% of the steps and its end at 0). Where the record departs
+from airbench96, ours follows the record, and from the record's weights and batches trains as it
+does (tools/record_equivalence.py; docs/cpu.md).
 
 Run: python airbench96_faster.py --runs 5 --data-dir data/cifar10 (see --help). Importing it only
 defines things: the method, then below the banner "Running the script" what runs it (alike in all

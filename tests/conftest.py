@@ -255,3 +255,15 @@ def torchrun_worker(launcher_pid, rank):
         if environment.get(b'RANK') == str(rank).encode():
             return pid
     return None
+
+
+def script_changes(name):
+    """docs/layout.md's section on what NAME.py changes relative to its parent: the text from its
+    heading, '### NAME.py (from PARENT.py)', to the next heading."""
+    import re
+    with open(os.path.join(REPO, 'docs', 'layout.md')) as f:
+        text = f.read()
+    section = re.search(rf'^### {re.escape(name)}\.py \(from \w+\.py\)\n(.*?)(?=^#|\Z)', text,
+                        re.MULTILINE | re.DOTALL)
+    assert section, f'docs/layout.md has no section on what {name}.py changes'
+    return section.group(1)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from conftest import (CPU, FAKE_CUDA, load_script, needs_cpu_fp16_padding, needs_fake_cuda,
-                      summary_of, tiny_dataset, with_hyp)
+                      script_changes, summary_of, tiny_dataset, with_hyp)
 
 NAME = 'airbench94_hiverge'
 # Every 3x3 filter bank of the network, flattened to out_channels x (in_channels * 9), in order
@@ -45,10 +45,11 @@ def test_hyperparameters_are_the_published_scripts(hiverge):
     assert arch == dict(widths={'block1': 64, 'block2': 256, 'block3': 256},
                         batchnorm_momentum=0.5566, scaling_factor=1 / 256, whiten_images=960,
                         whiten_eps=5e-4, tta_level=2, tta_fraction=0.25)
-    steps_per_epoch = 50000 // opt['batch_size']  # the header's 245 steps of 32 per epoch, and 7
+    steps_per_epoch = 50000 // opt['batch_size']  # docs/layout.md's 245 steps of 32 an epoch; 7
     assert (steps_per_epoch, math.ceil(steps_per_epoch * opt['train_epochs']),
             math.ceil(steps_per_epoch * opt['whiten_bias_epochs'])) == (32, 245, 7)
-    assert '245 steps of 32 per epoch' in hiverge.__doc__ and '= 7' in hiverge.__doc__
+    changes = script_changes(NAME)
+    assert '245 steps of 32 per epoch' in changes and '= 7' in changes
     net = hiverge.make_net(arch['widths'], 10, arch['batchnorm_momentum'], arch['scaling_factor'])
     activations = [type(m) for m in net.modules() if isinstance(m, (nn.GELU, nn.SiLU))]
     assert activations == [nn.GELU] + [nn.SiLU] * 3  # GELU after whitening; SiLU in the blocks

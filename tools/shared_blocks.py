@@ -3,8 +3,8 @@
 Every script is its method, then one banner ("Running the script: identical in all the airbench
 scripts"), then the code that runs it. Below the banner the scripts are byte-identical. Above it, a
 top-level block (function, class, assignment) that two scripts both define must be the same text in
-both, except the blocks listed in METHOD_DIFFERENCES: there the method differs, and each script's
-header lists those changes. A block that airbench94.py lacks but several scripts share
+both, except the blocks listed in METHOD_DIFFERENCES: there the method differs, and docs/layout.md
+lists each script's changes. A block that airbench94.py lacks but several scripts share
 (SHARED_BEYOND_REFERENCE) must be the same text in each.
 
 Usage: python tools/shared_blocks.py          report the layout and what differs from airbench94.py
