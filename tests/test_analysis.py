@@ -124,7 +124,7 @@ def test_three_points_are_interpolated():
     assert law.at_bounds == ()
 
 
-# airbench94 with random and alternating flip at 0.5, 1 and 2 epochs on a CPU (docs/studies.md,
+# airbench94 with random and alternating flip at 0.5, 1 and 2 epochs on a CPU (docs/results.md,
 # "A demonstration"): TTA accuracies of runs 0 and 1. Its errors fall faster and faster.
 SHORT_RANDOM = {0.5: [0.5475, 0.5418], 1: [0.6751, 0.6798], 2: [0.8147, 0.8099]}
 SHORT_ALTERNATING = {0.5: [0.5433, 0.5376], 1: [0.6848, 0.6791], 2: [0.8106, 0.8102]}
