@@ -267,3 +267,40 @@ def script_changes(name):
                         re.MULTILINE | re.DOTALL)
     assert section, f'docs/layout.md has no section on what {name}.py changes'
     return section.group(1)
+
+
+def load_tool(name):
+    """Import REPO/tools/<name>.py as a module."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, 'tools', f'{name}.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def top_level_names(source):
+    """The names a module's top level defines: functions, classes, assignments, imports."""
+    import ast
+    names = set()
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names |= {t.id for target in node.targets for t in ast.walk(target)
+                      if isinstance(t, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(alias.asname or alias.name).split('.')[0] for alias in node.names}
+    return names
+
+
+# In the comment block that ends every script's method and begins the code that runs it
+BANNER_PHRASE = 'identical in all the airbench scripts'
+
+
+def above_the_banner(source):
+    """A script's module docstring and method: its lines before the banner's comment block (the
+    whole source of a file without a banner)."""
+    lines = source.splitlines(keepends=True)
+    banner = next((i for i, line in enumerate(lines) if BANNER_PHRASE in line), len(lines))
+    while banner > 0 and lines[banner - 1].startswith('#'):
+        banner -= 1
+    return ''.join(lines[:banner])

@@ -2,7 +2,6 @@
 speedups recomputed from its raw table, their intervals over runs, distribution-wise variance
 (Jordan 2024) and the class-aggregated calibration error (Jiang et al. 2022). All on numbers or
 seeded synthetic data: no training."""
-import importlib.util
 import math
 import os
 import statistics
@@ -13,7 +12,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import REPO
+from conftest import REPO, load_tool
 
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
@@ -25,13 +24,6 @@ from studylib.config import Config  # noqa: E402
 from studylib import variance  # noqa: E402  (its test_set_std would be collected as a test)
 from studylib.variance import (class_aggregated_calibration_error,  # noqa: E402
                                distribution_wise_std, distribution_wise_variance)
-
-
-def load_tool(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, 'tools', f'{name}.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 PAPER = load_tool('paper_speedups')

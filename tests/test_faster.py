@@ -4,9 +4,7 @@ same order, the schedules, the proxy's seed, FLOPs, and its CUDA path. What it s
 airbench94 is checked there once (tests/test_layout.py proves the blocks identical); the checks
 that conftest.SCRIPTS runs for every script are run here on it, at small widths where they train,
 to keep the suite short."""
-import importlib.util
 import math
-import os
 
 import pytest
 import torch
@@ -14,7 +12,7 @@ import torch.nn.functional as F
 
 import test_layout
 import test_method
-from conftest import (CPU, FAKE_CUDA, QUICK, REPO, load_script, needs_cpu_fp16_padding,
+from conftest import (CPU, FAKE_CUDA, QUICK, load_script, load_tool, needs_cpu_fp16_padding,
                       needs_fake_cuda, run_script, summary_of, tiny_dataset, with_hyp)
 
 NAME = 'airbench96_faster'
@@ -294,10 +292,7 @@ def test_airbench96s_switches_apply_to_both_networks(faster, monkeypatch):
 
 # -------------------------------------------- FLOPs --------------------------------------------
 def test_flops_within_5_percent_of_the_records_3_1(faster):
-    spec = importlib.util.spec_from_file_location('flops_tool',
-                                                  os.path.join(REPO, 'tools', 'flops.py'))
-    flops = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(flops)
+    flops = load_tool('flops')
     figures = flops.run_flops(faster)
     assert flops.PAPER_PFLOPS[NAME] == 3.1
     for count in ('exact', 'conventional'):  # measured: 3.157 and 3.167

@@ -1,14 +1,9 @@
 """Training FLOPs counted from the built networks against the paper's figures."""
-import importlib.util
-import os
-
 import pytest
 
-from conftest import REPO
+from conftest import load_tool
 
-spec = importlib.util.spec_from_file_location('flops_tool', os.path.join(REPO, 'tools', 'flops.py'))
-flops_tool = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(flops_tool)
+flops_tool = load_tool('flops')
 
 # The exact count (the steps as run, plus TTA) against the paper: 94 is required within 3%, 95,
 # 96 and the later records (0.29 and 3.1, their authors' figures) within 5%. Measured: 0.350 vs

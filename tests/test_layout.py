@@ -2,7 +2,6 @@
 it, identical in all scripts; a reader can copy the method, or a block of it, with nothing to edit
 out."""
 import ast
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -11,12 +10,9 @@ import sys
 import pytest
 import torch
 
-from conftest import CPU, REPO, SCRIPTS, tiny_dataset, with_hyp
+from conftest import CPU, REPO, SCRIPTS, load_tool, tiny_dataset, top_level_names, with_hyp
 
-spec = importlib.util.spec_from_file_location('shared_blocks',
-                                              os.path.join(REPO, 'tools', 'shared_blocks.py'))
-shared = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(shared)
+shared = load_tool('shared_blocks')
 
 
 def test_below_the_banner_identical_and_method_blocks_shared():
@@ -45,19 +41,6 @@ def test_the_check_detects_drift_and_sync_repairs_it(tmp_path, monkeypatch):
     shared.sync('airbench95')
     assert shared.differences('airbench95') == []
     assert path.read_text() == text  # its own header and hyp kept
-
-
-def top_level_names(source):
-    names = set()
-    for node in ast.parse(source).body:
-        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, ast.Assign):
-            names |= {t.id for target in node.targets for t in ast.walk(target)
-                      if isinstance(t, ast.Name)}
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            names |= {(alias.asname or alias.name).split('.')[0] for alias in node.names}
-    return names
 
 
 @pytest.mark.parametrize('name', SCRIPTS)

@@ -2,16 +2,14 @@
 R's published output and Cohen's tables; the intervals of fitted quantities against simulations of
 known truth; functions that say why where there is no answer; the calibration error of simulated
 ensembles; the streaming tally against the in-memory functions."""
-import importlib.util
 import json
 import math
-import os
 
 import numpy as np
 import pytest
 from scipy import stats
 
-from conftest import REPO
+from conftest import load_tool
 
 import study  # noqa: E402  (the repository is on the path: conftest)
 from studylib import fits, inference, variance  # noqa: E402
@@ -22,13 +20,6 @@ from studylib import fits, inference, variance  # noqa: E402
 # (Welch): t = -1.8608, df = 17.776, p-value = 0.07939, 95% CI -3.3654832 0.2054832.
 SLEEP_1 = [0.7, -1.6, -0.2, -1.2, -0.1, 3.4, 3.7, 0.8, 0.0, 2.0]
 SLEEP_2 = [1.9, 0.8, 1.1, 0.1, -0.1, 4.4, 5.5, 1.6, 4.6, 3.4]
-
-
-def load_tool(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, 'tools', f'{name}.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_paired_comparison_is_rs_on_students_sleep_data():

@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO, load_script
+from conftest import REPO, above_the_banner, load_script
 from test_study import records, study_main, study_summary, training  # noqa: F401
 
 load_script('study')  # puts the repository on the path
@@ -155,15 +155,10 @@ def test_a_study_json_of_another_shape_is_refused_saying_how_to_continue(study_m
                     'use another --study-dir')
 
 
-def method_only(source):
-    """A script's module docstring and method: the part above its banner."""
-    return source[:source.index('#' * 100)]
-
-
 def test_a_copy_that_defines_only_its_method_trains_as_the_script(study_main, image_folder,
                                                                   tmp_path):
     copy = tmp_path / 'mine.py'
-    copy.write_text(method_only(open(os.path.join(REPO, 'airbench94.py')).read()))
+    copy.write_text(above_the_banner(open(os.path.join(REPO, 'airbench94.py')).read()))
     study_dir = tmp_path / 'study'
     assert study_main(['airbench94', '--runs', '1', '--study-dir', str(study_dir), '--config',
                        'script', '--config', 'copy', str(copy), '--', *training(),
@@ -179,7 +174,7 @@ def test_a_copy_that_defines_only_its_method_trains_as_the_script(study_main, im
     ('"""', 'a module docstring (the first line of its --help)')])
 def test_a_copy_with_less_than_its_method_is_refused_naming_what_it_lacks(
         removed, missing, study_main, image_folder, tmp_path, capsys):
-    source = method_only(open(STAND_IN).read() + '\n' + '#' * 100)
+    source = above_the_banner(open(STAND_IN).read())
     copy = tmp_path / 'less.py'
     copy.write_text(source.replace(removed, '# ' + removed.replace('"', "'"), 1)
                     if removed != '"""' else source[source.index('"""', 3) + 3:])
