@@ -31,7 +31,7 @@ Usage: python tools/hiverge_equivalence.py PATH/cifar10_speedrun.py --data-dir D
            [--epochs 1] [--precision auto|bf16|fp32] [--workdir /tmp/airbench-reference]
 Prints one JSON line per check.
 """
-import argparse
+import contextlib
 import functools
 import json
 import os
@@ -43,10 +43,11 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import equivalence  # noqa: E402  (tools/equivalence.py)
 import reference  # noqa: E402  (tools/reference.py)
 import airbench94_hiverge as ours  # noqa: E402
+from equivalence import CPU, largest_difference, snapshot  # noqa: E402
 
-CPU = torch.device('cpu')
 PRECISION = 'bf16'  # or 'fp32' (--precision): the recipe both run in
 JITTER = {'enabled': True, 'brightness_range': 0.1399, 'contrast_range': 0.1308}
 
@@ -58,23 +59,13 @@ def autocast():
 def load_published(path, epochs):
     """The published definitions, its CUDA calls on the CPU, its network in our precision, its
     schedule fitted to `epochs`."""
-    with open(path) as f:
-        source = f.read()
-    source = reference.STEPS_IN_EPOCHS.sub(
-        f'total_train_steps = ceil({epochs!r} * len(train_loader))', source)
-    definitions, _, _, _ = reference.split_script(source, path)
-    reference.redirect_cuda_to_cpu()
-    published = {'__name__': 'published'}
-    exec(compile(definitions, path, 'exec'), published)
+    published = equivalence.load_published(path, 'published', lambda source: (
+        reference.STEPS_IN_EPOCHS.sub(f'total_train_steps = ceil({epochs!r} * len(train_loader))',
+                                      source)))
     network = published['CifarNet']
     network.forward = reference.in_precision(network.forward, PRECISION == 'bf16')
     published['print_training_details'] = lambda *args, **kwargs: None
     return published
-
-
-def largest_difference(tensors, others):
-    return max(((a.float() - b.float()).abs().max().item() for a, b in zip(tensors, others)),
-               default=0.0)
 
 
 @functools.cache
@@ -105,25 +96,10 @@ def same_networks(published):
         tuple(t.shape) for t in mine.state_dict().values()]
     inputs = torch.randn(256, 3, 32, 32).contiguous(memory_format=torch.channels_last)
     labels = torch.randint(10, (256,))
-    logits, losses = [], []
-    for net in (theirs, mine):
-        net.train()
-        with autocast():
-            logits.append(net(inputs).float())
-        losses.append(F.cross_entropy(logits[-1], labels, label_smoothing=0.09, reduction='sum'))
-        losses[-1].backward()
+    step = equivalence.one_training_step(theirs, mine, inputs, labels, 0.09, autocast())
     trained = [[p.requires_grad for p in net.parameters()] for net in (theirs, mine)]
-    with torch.no_grad(), autocast():
-        eval_logits = [net.eval()(inputs).float() for net in (theirs, mine)]
-    gradients = [[p.grad for p in net.parameters() if p.grad is not None] for net in (theirs, mine)]
     result = dict(check='network', same_entries_and_shapes=same_shapes,
-                  same_trained=trained[0] == trained[1],
-                  logits=largest_difference(*[[t] for t in logits]),
-                  loss=abs(losses[0].item() - losses[1].item()),
-                  gradients=largest_difference(*gradients),
-                  batchnorm_statistics=largest_difference(*[list(net.buffers())
-                                                            for net in (theirs, mine)]),
-                  eval_logits=largest_difference(*[[t] for t in eval_logits]))
+                  same_trained=trained[0] == trained[1], **step)
     return result, [p.grad.clone() for p in mine.parameters() if p.grad is not None and p.ndim == 4]
 
 
@@ -132,12 +108,10 @@ def same_whitening(published, images):
     theirs.init_whiten(images)
     mine = ours.build_net(ours.hyp['net'], 10, CPU, PRECISION)
     ours.init_whitening(mine[0], images, ours.hyp['net']['whiten_eps'])
-    a, b = theirs.whiten.weight.flatten(1), mine[0].weight.flatten(1)
-    flipped = ((a + b).abs().amax(1) < (a - b).abs().amax(1)).sum().item()
-    up_to_sign = torch.minimum((a - b).abs().amax(1), (a + b).abs().amax(1)).max().item()
-    return dict(check='whitening filters', images=len(images), filters=len(a),
-                sign_flipped=flipped, largest_difference_up_to_sign=up_to_sign,
-                scale=a.abs().max().item())
+    flipped, up_to_sign, scale = equivalence.filters_up_to_sign(theirs.whiten.weight,
+                                                                mine[0].weight)
+    return dict(check='whitening filters', images=len(images), filters=len(theirs.whiten.weight),
+                sign_flipped=flipped, largest_difference_up_to_sign=up_to_sign, scale=scale)
 
 
 def same_jitter(published, images):
@@ -204,7 +178,7 @@ def published_run(published, keep_steps):
 
     def reset_and_keep():
         reset()
-        kept['initial'] = {k: v.clone() for k, v in model.state_dict().items()}
+        kept['initial'] = snapshot(model)
 
     def whiten_and_keep(images, *args, **kwargs):
         init_whiten(images, *args, **kwargs)
@@ -221,7 +195,7 @@ def published_run(published, keep_steps):
     def step_and_keep(optimizer):
         muon_step(optimizer)
         if len(kept['states']) < keep_steps:
-            kept['states'].append({k: v.clone() for k, v in model.state_dict().items()})
+            kept['states'].append(snapshot(model))
 
     model.reset, model.init_whiten = reset_and_keep, whiten_and_keep
     loader_class.__iter__, muon_class.step = keep_batches, step_and_keep
@@ -258,10 +232,7 @@ def our_run(kept, data, epochs, keep_steps, matched):
     """Our train() from the published run's start, on its batches: TTA accuracy, states per step
     (the first keep_steps) and the final state."""
     states, names = [], {}
-    saved = {name: getattr(ours, name) for name in ('reinitialize', 'init_whitening',
-                                                    'CifarLoader', 'Muon', 'lr_schedule')}
-    reinitialize, base_muon = saved['reinitialize'], saved['Muon']
-    sgd = torch.optim.SGD
+    reinitialize, base_muon, sgd = ours.reinitialize, ours.Muon, torch.optim.SGD
 
     def reinitialize_from(net):
         reinitialize(net)
@@ -283,7 +254,7 @@ def our_run(kept, data, epochs, keep_steps, matched):
         def step(self, renormalize=True):
             super().step(renormalize)
             if len(states) < keep_steps:
-                states.append({k: v.clone() for k, v in names['net'].state_dict().items()})
+                states.append(snapshot(names['net']))
 
     class FusedSGD(sgd):
         def __init__(self, params, **kwargs):
@@ -296,16 +267,11 @@ def our_run(kept, data, epochs, keep_steps, matched):
     if matched:  # the published's lr multipliers: 1 - step * (1 / total_steps)
         stand_ins['lr_schedule'] = lambda total: [1 - step * (1.0 / total)
                                                   for step in range(total + 1)]
-        torch.optim.SGD = FusedSGD
-    for name, stand_in in stand_ins.items():
-        setattr(ours, name, stand_in)
-    hyp = {**ours.hyp, 'opt': {**ours.hyp['opt'], 'train_epochs': epochs}}
-    try:
-        result = ours.train(data, hyp, CPU, PRECISION, seed=0, epoch_eval=False)
-    finally:
-        torch.optim.SGD = sgd
-        for name, function in saved.items():
-            setattr(ours, name, function)
+    optimizers = (equivalence.stood_in(torch.optim, SGD=FusedSGD) if matched
+                  else contextlib.nullcontext())
+    with equivalence.stood_in(ours, **stand_ins), optimizers:
+        result = ours.train(data, equivalence.with_epochs(ours.hyp, epochs), CPU, PRECISION,
+                            seed=0, epoch_eval=False)
     return result['tta_val_acc'], states, result['net'].state_dict()
 
 
@@ -316,9 +282,7 @@ def same_training(published, data, epochs, keep_steps):
     results = []
     for matched in (False, True):
         accuracy, states, mine = our_run(kept, data, epochs, keep_steps, matched)
-        differences = {name: (final[name].float() - mine[name].float()).abs().max().item()
-                       for name in final}
-        largest = max(differences, key=differences.get)
+        differences, largest = equivalence.entry_differences(final, mine)
         results.append(dict(
             check='training ' + ('matched to the published arithmetic' if matched else 'as run'),
             epochs=epochs, steps=len(kept['batches']),
@@ -331,23 +295,21 @@ def same_training(published, data, epochs, keep_steps):
     return results, kept
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
-    parser.add_argument('script', help='the published cifar10_speedrun.py (tools/reference.py says '
-                        'where to get it)')
-    parser.add_argument('--data-dir', required=True, help="CIFAR-10 as our scripts' --data-dir")
+def add_arguments(parser):
     parser.add_argument('--steps', type=int, default=8, help='steps compared one by one')
     parser.add_argument('--epochs', type=float, default=1.0, help='epochs of the training compared')
     parser.add_argument('--precision', choices=['auto', 'bf16', 'fp32'], default='auto',
                         help="auto: our scripts' choice on this CPU")
-    parser.add_argument('--workdir', default='/tmp/airbench-reference')
-    args = parser.parse_args()
+
+
+def main():
+    args = equivalence.parse_args(__doc__.strip().splitlines()[0], 'cifar10_speedrun.py',
+                                  add_arguments)
     global PRECISION
     PRECISION = ours.resolve_device_precision('cpu', args.precision)[1]
     data_dir = os.path.abspath(args.data_dir)
     published = load_published(os.path.abspath(args.script), args.epochs)
-    reference.write_script_cache(data_dir, args.workdir)
-    os.chdir(args.workdir)  # the published script reads ./cifar10/
+    equivalence.enter_workdir(data_dir, args.workdir)  # the published script reads ./cifar10/
     data = ours.load_dataset('cifar10', data_dir)
     torch.manual_seed(0)
     network, gradients = same_networks(published)

@@ -34,7 +34,6 @@ Usage: python tools/record_equivalence.py PATH/airbench96_faster.py --data-dir D
            [--whole-run E]
 Prints one JSON line per check and exits with 1 if any differs.
 """
-import argparse
 import json
 import os
 import random
@@ -45,20 +44,17 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import equivalence  # noqa: E402  (tools/equivalence.py)
 import reference  # noqa: E402  (tools/reference.py)
 import airbench96_faster as ours  # noqa: E402
+from equivalence import CPU, largest_difference, snapshot  # noqa: E402
 
-CPU = torch.device('cpu')
 BF16 = torch.autocast('cpu', dtype=torch.bfloat16)
 
 
 def load_record(path, epochs):
     """The record's definitions, its CUDA calls on the CPU and its networks in bf16 autocast."""
-    with open(path) as f:
-        definitions, _, _, _ = reference.split_script(f.read(), path)
-    reference.redirect_cuda_to_cpu()
-    record = {'__name__': 'record'}
-    exec(compile(definitions, path, 'exec'), record)
+    record = equivalence.load_published(path, 'record')
     make_net = record['make_net']
     def make_net_in_bf16(arch):
         net = make_net(arch)
@@ -69,10 +65,6 @@ def load_record(path, epochs):
     return record
 
 
-def largest_difference(tensors, others):
-    return max((a.float() - b.float()).abs().max().item() for a, b in zip(tensors, others))
-
-
 def same_networks(record, arch):
     """Ours with the record's initial weights: one training step and one evaluation, bitwise."""
     theirs = record['make_net'](record['hyp'][arch])
@@ -80,25 +72,14 @@ def same_networks(record, arch):
     mine = ours.build_net(ours.hyp[arch], 10, CPU, 'bf16')
     mine.load_state_dict(theirs.state_dict())
     inputs, labels = torch.randn(256, 3, 32, 32), torch.randint(10, (256,))
-    logits = []
-    for net in (theirs, mine):
-        net.train()
-        with BF16:
-            logits.append(net(inputs).float())
-        F.cross_entropy(logits[-1], labels, label_smoothing=0.2, reduction='sum').backward()
+    step = equivalence.one_training_step(theirs, mine, inputs, labels, 0.2, BF16)
     trained = [[name for name, p in net.named_parameters() if p.requires_grad]
                for net in (theirs, mine)]
-    with torch.no_grad(), BF16:
-        eval_logits = [net.eval()(inputs).float() for net in (theirs, mine)]
-    gradients = [[p.grad for p in net.parameters() if p.grad is not None] for net in (theirs, mine)]
     return dict(check=f'{arch} network',
                 same_names=list(theirs.state_dict()) == list(mine.state_dict()),
                 same_trained=trained[0] == trained[1],
-                logits=largest_difference(*[[t] for t in logits]),
-                gradients=largest_difference(*gradients),
-                batchnorm_statistics=largest_difference(*[list(net.buffers())
-                                                          for net in (theirs, mine)]),
-                eval_logits=largest_difference(*[[t] for t in eval_logits]))
+                **{k: step[k] for k in ('logits', 'gradients', 'batchnorm_statistics',
+                                        'eval_logits')})
 
 
 def same_whitening(record, images):
@@ -106,10 +87,8 @@ def same_whitening(record, images):
     record['init_whitening_conv'](theirs[0], images)
     mine = ours.build_net(ours.hyp['net'], 10, CPU, 'bf16')
     ours.init_whitening(mine[0], images, ours.hyp['net']['whiten_eps'])
-    a, b = theirs[0].weight.flatten(1), mine[0].weight.flatten(1)
-    up_to_sign = torch.minimum((a - b).abs().amax(1), (a + b).abs().amax(1)).max().item()
-    return dict(check='whitening filters', largest_difference_up_to_sign=up_to_sign,
-                scale=a.abs().max().item())
+    _, up_to_sign, scale = equivalence.filters_up_to_sign(theirs[0].weight, mine[0].weight)
+    return dict(check='whitening filters', largest_difference_up_to_sign=up_to_sign, scale=scale)
 
 
 def record_stream(record, steps):
@@ -128,11 +107,11 @@ def record_stream(record, steps):
     reinit, initial = record['reinit_net'], {}
     def reinit_and_keep(model):
         reinit(model)  # train_proxy's model is the compiled one: its module is ._orig_mod
-        initial.update({k: v.clone() for k, v in model._orig_mod.state_dict().items()})
+        initial.update(snapshot(model._orig_mod))
     record['reinit_net'] = reinit_and_keep
     masks = record['train_proxy'](record['hyp'], proxy, 12345)
     record['reinit_net'], loader_class.__iter__ = reinit, iterate
-    whitening = {k: v.clone() for k, v in proxy._orig_mod[0].state_dict().items()}
+    whitening = snapshot(proxy._orig_mod[0])
     return batches, masks, initial, whitening
 
 
@@ -273,7 +252,7 @@ def record_run(record, seed):
     def reinit_and_keep(model):
         reinit(model)
         name = 'net' if model is net else 'proxy'
-        start[name] = {k: v.clone() for k, v in model._orig_mod.state_dict().items()}
+        start[name] = snapshot(model._orig_mod)
         if model is net:  # whitened before main() copies it for Lookahead (see the docstring)
             images = loader_class('cifar10', train=True).images[:5000]
             whiten(model._orig_mod[0], T_normalize(images))
@@ -319,28 +298,18 @@ def our_run(record, data_dir, epochs, start):
     def decay(step, total_steps):
         return record_decays(total_steps)[step].item()
 
-    names = ('reinitialize', 'init_whitening', 'CifarLoader', 'lr_schedule', 'lookahead_decay')
-    saved = {name: getattr(ours, name) for name in names}
-    reinitialize = saved['reinitialize']
-    for name, stand_in in zip(names, (reinitialize_from, whitening_from, stream, schedule, decay)):
-        setattr(ours, name, stand_in)
-    hyp = {**ours.hyp, 'opt': {**ours.hyp['opt'], 'train_epochs': epochs}}
-    try:
+    reinitialize = ours.reinitialize
+    with equivalence.stood_in(ours, reinitialize=reinitialize_from, init_whitening=whitening_from,
+                              CifarLoader=stream, lr_schedule=schedule, lookahead_decay=decay):
         data = ours.load_dataset('cifar10', data_dir)
-        result = ours.train(data, hyp, CPU, 'bf16', seed=0)
-    finally:
-        for name, function in saved.items():
-            setattr(ours, name, function)
+        result = ours.train(data, equivalence.with_epochs(ours.hyp, epochs), CPU, 'bf16', seed=0)
     return result['tta_val_acc'], result['net']
 
 
 def same_run(record, data_dir, epochs):
     their_accuracy, theirs, start = record_run(record, seed=0)
     my_accuracy, mine = our_run(record, data_dir, epochs, start)
-    mine = mine.state_dict()
-    differences = {name: (t.float() - mine[name].float()).abs().max().item()
-                   for name, t in theirs.state_dict().items()}
-    largest = max(differences, key=differences.get)
+    differences, largest = equivalence.entry_differences(theirs.state_dict(), mine.state_dict())
     return dict(check=f'whole run of {epochs:g} epochs', record_tta_accuracy=their_accuracy,
                 our_tta_accuracy=my_accuracy, final_state_entries=len(differences),
                 entries_that_differ=sum(d > 0 for d in differences.values()),
@@ -348,21 +317,19 @@ def same_run(record, data_dir, epochs):
                 whose_largest_value=theirs.state_dict()[largest].float().abs().max().item())
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
-    parser.add_argument('script', help='the published airbench96_faster.py (tools/reference.py '
-                        'says where to get it)')
-    parser.add_argument('--data-dir', required=True, help="CIFAR-10 as our scripts' --data-dir")
+def add_arguments(parser):
     parser.add_argument('--steps', type=int, default=12, help='steps of the stream compared')
     parser.add_argument('--whole-run', type=float, metavar='E',
                         help='also one whole run of E epochs of each, from the same start')
-    parser.add_argument('--workdir', default='/tmp/airbench-reference')
-    args = parser.parse_args()
+
+
+def main():
+    args = equivalence.parse_args(__doc__.strip().splitlines()[0], 'airbench96_faster.py',
+                                  add_arguments)
     data_dir = os.path.abspath(args.data_dir)
     steps_per_epoch = 50000 // ours.hyp['opt']['batch_size']
     record = load_record(os.path.abspath(args.script), args.steps / steps_per_epoch)
-    reference.write_script_cache(data_dir, args.workdir)
-    os.chdir(args.workdir)  # the record reads ./cifar10/
+    equivalence.enter_workdir(data_dir, args.workdir)  # the record reads ./cifar10/
     torch.manual_seed(0)
     random.seed(0)  # the record's train_proxy seeds its initialization from Python's random
     batches, masks, initial, whitening = record_stream(record, args.steps)
