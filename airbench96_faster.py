@@ -475,372 +475,196 @@ def train(data, hyp, device, precision, seed, net=None, epoch_eval=True, on_epoc
                 tta_val_acc=tta_val_acc, val_acc=val_acc, epoch_train_losses=epoch_train_losses)
 
 ####################################################################################################
-# Running the script: identical in all the airbench scripts, not part of the method: the datasets  #
-# (CIFAR-10/100, SVHN, image folders, the tensor cache), flags, logs, statistics and main().       #
+# Running the script: identical in all the airbench scripts, not part of the method. study.py     #
+# trains many runs of a script, with what studies need (package studylib).                        #
 ####################################################################################################
-import argparse, ast, copy, ctypes, json, math, os, pathlib, sys, uuid
+import argparse, ast, copy, json, math, os, statistics, sys, uuid
+import torchvision
+from PIL import Image  # torchvision's
 
-CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+def read_image(path):  # an unreadable file's error names the file
+    with Image.open(path) as image:
+        if image.size != (32, 32):
+            raise ValueError(f'{path} is {image.size[0]}x{image.size[1]} pixels, but these scripts '
+                             'train on 32x32 images and do not resize silently. Resize them first.')
+        return torch.frombuffer(bytearray(image.convert('RGB').tobytes()), dtype=torch.uint8)
 
-class DataError(Exception):
-    """A problem with the data or its location; the message says what is wrong and how to fix it."""
-
-def read_image(path):
-    from PIL import Image  # torchvision's dependency
-    try:
-        with Image.open(path) as image:
-            image = image.convert('RGB')
-    except Exception as error:
-        raise DataError(f'{path} could not be read as an image ({error}). Remove or replace it.')
-    if image.size != (32, 32):
-        raise DataError(f'{path} is {image.size[0]}x{image.size[1]} pixels, but these scripts '
-                        'train on 32x32 images and do not resize silently. Resize them first.')
-    return torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8).view(32, 32, 3)
-
-def read_image_folder(data_dir, train_splits):
-    """data_dir/<split>/<class>/<image>: the training splits (concatenated) and test/."""
-    from torchvision.datasets import ImageFolder
-    splits, first = {}, train_splits[0]
-    for split in [*train_splits, 'test']:
-        try:
-            folder = ImageFolder(os.path.join(data_dir, split), loader=read_image)
-        except FileNotFoundError as error:  # no class directories, or one without images
-            raise DataError(f'{os.path.join(data_dir, split)}: {error} Expected the layout '
-                            '<split>/<class>/<image>.') from None
-        if splits and folder.classes != splits[first][2]:
-            ours, theirs = set(folder.classes), set(splits[first][2])
-            raise DataError(f'{data_dir}: {first}/ and {split}/ have different class directories '
-                            f'(only in {first}: {sorted(theirs - ours)}; only in {split}: '
-                            f'{sorted(ours - theirs)}). All splits need the same classes.')
-        images = torch.stack([read_image(path) for path, _ in folder.samples])
-        splits[split] = (images, torch.tensor(folder.targets), folder.classes)
-    return {'train': {'images': torch.cat([splits[s][0] for s in train_splits]),
-                      'labels': torch.cat([splits[s][1] for s in train_splits])},
-            'test': {'images': splits['test'][0], 'labels': splits['test'][1]},
-            'classes': splits['test'][2]}
-
-def read_torchvision_dataset(name, data_dir, download):
-    import torchvision
-    data = {}
-    for split in ('train', 'test'):
-        if name == 'svhn':
-            dataset = torchvision.datasets.SVHN(data_dir, split=split, download=download)
-            images, labels = torch.from_numpy(dataset.data).permute(0, 2, 3, 1), dataset.labels
-        else:
-            dataset = getattr(torchvision.datasets, name.upper())(data_dir, split == 'train',
-                                                                  download=download)
-            images, labels = torch.from_numpy(dataset.data), dataset.targets
-        data[split] = {'images': images.contiguous(), 'labels': torch.as_tensor(labels).long()}
-    return {**data, 'classes': list(map(str, range(10))) if name == 'svhn' else dataset.classes}
-
-def load_dataset(name, data_dir, train_splits=('train',), download=True, log=print):
-    """{'train': {'images': uint8 (N, 32, 32, 3), 'labels'}, 'test', 'classes', 'mean', 'std'} from
-    data_dir's tensor cache where it matches, else from its image-folder or torchvision layout
-    (downloaded when absent), cached. mean, std: CIFAR-10's constants, else the training set's."""
-    cache_path, splits = os.path.join(data_dir, 'airbench_cache.pt'), [*train_splits, 'test']
-    folder = all(os.path.isdir(os.path.join(data_dir, split)) for split in splits)
-    files = [os.stat(os.path.join(root, file)) for split in splits if folder
-             for root, _, names in os.walk(os.path.join(data_dir, split)) for file in names]
-    # A cache is rebuilt when an image folder's file count, size or latest change differ
-    source = dict(version=2, dataset=name, train_splits=list(train_splits), fingerprint=[
-        len(files), sum(f.st_size for f in files), max((f.st_mtime_ns for f in files), default=0)]
-                  if folder else None)
-    if os.path.exists(cache_path):
-        try:
-            data = torch.load(cache_path, map_location='cpu', weights_only=True)
-            stale = [key for key, value in source.items() if data.get(key) != value]
-            if not stale:
-                return data
-            log(f'The tensor cache {cache_path} does not match this data ({", ".join(stale)} '
-                'differ); rebuilding it.')
-        except Exception as error:
-            log(f'The tensor cache {cache_path} is unreadable ({error}); rebuilding it.')
-    if folder:
-        log(f'Decoding the image-folder dataset in {data_dir} (done once, then cached) ...')
-        data = read_image_folder(data_dir, train_splits)
-    elif name == 'folder':
-        raise DataError(f'{os.path.abspath(data_dir)} is not in the image-folder layout: it needs '
-                        f'the subdirectories {", ".join(s + "/" for s in splits)} each holding one '
-                        'directory of 32x32 images per class. Point --data-dir at one.')
+def load_dataset(name, data_dir, download=True):
+    """{'train': {'images': uint8 (N, 32, 32, 3), 'labels'}, 'test', 'classes', 'mean', 'std'}: the
+    image folder data_dir/{train,test}/<class>/<image>, else torchvision's CIFAR-10 (downloaded)."""
+    if all(os.path.isdir(os.path.join(data_dir, split)) for split in ('train', 'test')):
+        sets = [torchvision.datasets.ImageFolder(os.path.join(data_dir, split), loader=read_image)
+                for split in ('train', 'test')]  # a split without class directories raises
+        if sets[0].classes != sets[1].classes:
+            raise ValueError(f'{data_dir}: train/ and test/ have different class directories '
+                             f'({sets[0].classes} and {sets[1].classes}); they need the same.')
+        images = [torch.stack([image for image, _ in s]).view(-1, 32, 32, 3) for s in sets]
+        pixels = images[0].view(-1, 3).double() / 255  # its own mean and std
+        mean, std = tuple(pixels.mean(0).tolist()), tuple(pixels.std(0).tolist())
     else:
         try:
-            data = read_torchvision_dataset(name, data_dir, download)
+            assert name == 'cifar10', f'there is no {name} to download'
+            sets = [torchvision.datasets.CIFAR10(data_dir, train, download=download)
+                    for train in (True, False)]
         except Exception as error:
-            raise DataError(
-                f'No {name} dataset found in {os.path.abspath(data_dir)} and it could not be '
-                f'downloaded ({type(error).__name__}: {error}). Run once with network access (it '
-                f"is downloaded there), or put torchvision's files for {name} there, or point "
-                '--data-dir at an image-folder layout: train/<class>/*, test/<class>/* images.'
-            ) from None
-    pixels = data['train']['images'].reshape(-1, 3).double() / 255
-    data['mean'], data['std'] = ((CIFAR10_MEAN, CIFAR10_STD) if name == 'cifar10' else
-                                 (tuple(pixels.mean(0).tolist()), tuple(pixels.std(0).tolist())))
-    data.update(source)
-    try:
-        os.makedirs(data_dir, exist_ok=True)
-        atomic_write(cache_path, lambda path: torch.save(data, path))
-    except (OSError, RuntimeError) as error:  # torch.save's failed write is a RuntimeError
-        log(f'Could not write the tensor cache {cache_path} ({error}); continuing without it.')
-    return data
-
-def dummy_dataset(num_classes, batch_size, num_test, device):
-    """Random data for the warmup: two training batches, test batches of the real set's sizes."""
-    def split(n):
-        return {'images': torch.randint(0, 256, (n, 32, 32, 3), dtype=torch.uint8, device=device),
-                'labels': torch.randint(0, num_classes, (n,), device=device)}
-    full_batch = EVAL_BATCH_SIZE if num_test >= EVAL_BATCH_SIZE else 0
-    return {'train': split(2 * batch_size), 'test': split(full_batch + num_test % EVAL_BATCH_SIZE),
-            'classes': list(range(num_classes)), 'mean': CIFAR10_MEAN, 'std': CIFAR10_STD}
-
-def describe(values):
-    """n, mean, sample standard deviation and 95% confidence interval of the mean."""
-    n = len(values)
-    if n < 2:
-        return dict(n=n, mean=values[0] if n else None, std=None, ci95=None)
-    mean = sum(values) / n
-    std = math.sqrt(sum((v - mean)**2 for v in values) / (n - 1))
-    z, dof = 1.959964, n - 1  # Student's t, two-sided 95%: a table to 30 dof, then Cornish-Fisher
-    t = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
-         2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
-         2.052, 2.048, 2.045, 2.042][dof - 1] if dof <= 30 else (
-        z + (z**3 + z) / (4 * dof) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * dof**2))
-    return dict(n=n, mean=mean, std=std, ci95=[mean - t * std / n**0.5, mean + t * std / n**0.5])
-
-COLUMNS = {'run': 6, 'epoch': 5, 'train_loss': 10, 'train_acc': 9, 'val_acc': 7,
-           'tta_val_acc': 11, 'total_time_seconds': 18}
-
-def format_row(values=None):
-    """One row of the per-epoch table; with no values, the header."""
-    cells = [c if values is None else values.get(c) for c in COLUMNS]
-    cells = ['' if v is None else f'{v:.4f}' if isinstance(v, float) else str(v) for v in cells]
-    return '|  ' + '  |  '.join(map(str.rjust, cells, COLUMNS.values())) + '  |'
-
-def atomic_write(path, write):
-    """write(a temporary path), then rename it to path: a crash never leaves a half-written file."""
-    temporary = f'{path}.tmp{os.getpid()}'
-    try:
-        write(temporary)
-        os.replace(temporary, path)
-    finally:
-        if os.path.exists(temporary):
-            os.remove(temporary)
-
-def write_logs(log_dir, code, results, config, status):
-    """log.pt (the source, runs, configuration) and summary.json: rewritten after every run."""
-    os.makedirs(log_dir, exist_ok=True)  # made here first: a study refused at its start leaves none
-    accs, times = [r['tta_val_acc'] for r in results], [r['total_time_seconds'] for r in results]
-    log = dict(code=code, accs=torch.tensor(accs), times=torch.tensor(times), runs=results,
-               status=status, **config)
-    atomic_write(os.path.join(log_dir, 'log.pt'), lambda path: torch.save(log, path))
-    summary = dict(status=status, runs_finished=len(results), runs_requested=config['args']['runs'],
-                   tta_val_acc=describe(accs), total_time_seconds=describe(times), **config,
-                   runs=results)
-    atomic_write(os.path.join(log_dir, 'summary.json'),
-                 lambda path: pathlib.Path(path).write_text(json.dumps(summary, indent=2)))
-
-def study_hyp(args):
-    """hyp with --epochs and each --hyp GROUP.KEY=VALUE set (a word such as 'random': a string),
-    every value checked (check_hyp)."""
-    run_hyp = copy.deepcopy(hyp)
-    run_hyp['aug']['flip'] = 'none' if args.dataset == 'svhn' else run_hyp['aug']['flip']  # paper
-    for text in args.hyp:
-        key, sep, value = text.partition('=')
-        *groups, name = key.split('.')
-        node = run_hyp
-        for group in groups:
-            node = node.get(group) if isinstance(node.get(group), dict) else {}
-        if not sep or not groups or name not in node:
-            raise ValueError(f'--hyp takes KEY=VALUE (for example opt.lr=10), not {text!r}'
-                             if not sep else f'--hyp {key}: no such hyperparameter (see hyp)')
-        try:
-            node[name] = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            node[name] = value
-    run_hyp['opt']['train_epochs'] = args.epochs or run_hyp['opt']['train_epochs']
-    check_hyp(run_hyp, hyp)
-    return run_hyp
-
-def is_whole(value):
-    return isinstance(value, int) and not isinstance(value, bool)
-
-HYP_CHOICES = {'flip': ('alternating', 'random', 'none'), 'tta_level': (0, 1, 2),
-               'sampling': ('reshuffle', 'replacement'), 'whiten': (True, False),
-               'identity_init': (True, False), 'convs_per_block': (2, 3)}
-HYP_RULES = {  # by a key's name, or its dict's (widths), in every script's hyp that has it
-    'batch_size': ('a whole number of images, at least 1', lambda v: is_whole(v) and v >= 1),
-    'widths': ('a whole number of channels, at least 1', lambda v: is_whole(v) and v >= 1),
-    'train_epochs': ('a number of epochs above 0', lambda v: v > 0),
-    'lookahead_every': ('a whole number of steps, 0: no Lookahead', is_whole),
-    'translate': ('a whole number of pixels below 32', lambda v: is_whole(v) and v < 32),
-    'cutout': ('a whole number of pixels up to 32', lambda v: is_whole(v) and v <= 32),
-    **{name: ('a whole number, at least 1', lambda v: is_whole(v) and v >= 1)
-       for name in ('renorm_every', 'step_every', 'whiten_images', 'newton_schulz_steps')},
-    **{name: ('a number from 0 to 1', lambda v: v <= 1) for name in (
-        'label_smoothing', 'batchnorm_momentum', 'tta_fraction', 'masked_fraction',
-        'lr_peak_fraction')},
-    **{name: ('a number from 0 to below 1', lambda v: v < 1)
-       for name in ('momentum', 'filter_momentum')}}
-
-def check_hyp(value, default, path=()):
-    """Refuse a value of another kind than hyp's (a dict with its keys, a number for a number, a
-    pair for a pair) or outside what the method takes (HYP_CHOICES, HYP_RULES; numbers are
-    finite, of the sign of hyp's: a rate, a size or a count is never negative), before any
-    training."""
-    key = '.'.join(path)
-    if isinstance(default, dict) and not (isinstance(value, dict) and
-                                          value.keys() == default.keys()):
-        raise ValueError(f"--hyp {key} takes a dict with the keys {', '.join(default)}")
-    if isinstance(default, dict):
-        return [check_hyp(value[name], default[name], (*path, name)) for name in default]
-    if path[-1] in HYP_CHOICES and value not in HYP_CHOICES[path[-1]]:
-        *others, last = map(repr, HYP_CHOICES[path[-1]])
-        raise ValueError(f"--hyp {key} takes {', '.join(others)} or {last}")
-    if isinstance(default, (tuple, list)) and not (isinstance(value, (tuple, list)) and
-                                                   len(value) == len(default)):
-        raise ValueError(f'--hyp {key} takes {len(default)} values, as in {default}')
-    if isinstance(default, (tuple, list)):
-        return [check_hyp(v, d, path) for v, d in zip(value, default)]
-    sign = -1 if isinstance(default, (int, float)) and default < 0 else 1
-    what, test = next((HYP_RULES[name] for name in reversed(path) if name in HYP_RULES),
-                      (f'a number, at {"least" if sign > 0 else "most"} 0', lambda v: True))
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if isinstance(default, (int, float)) and not isinstance(default, bool) and not (
-            number and math.isfinite(value) and sign * value >= 0 and test(value)):
-        raise ValueError(f'--hyp {key} takes {what}, not {value!r}')
+            raise ValueError(f'No image folder (train/<class>/*, test/<class>/*) nor {name} in '
+                             f'{os.path.abspath(data_dir)}, nor network access to download it '
+                             f'({error}); point --data-dir at one.') from None
+        images = [torch.from_numpy(s.data) for s in sets]
+        mean, std = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+    return {**{split: {'images': x, 'labels': torch.tensor(s.targets)} for split, x, s in zip(
+        ('train', 'test'), images, sets)}, 'classes': sets[1].classes, 'mean': mean, 'std': std}
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add = parser.add_argument
     add('--runs', type=int, default=25, help='timed training runs')
-    add('--dataset', default='cifar10', choices=['cifar10', 'cifar100', 'svhn', 'folder'],
-        help='folder: any image-folder dataset; the others also from their torchvision layout')
-    add('--data-dir', default='data/DATASET', help='an image folder (train/<class>/*, '
-        "test/<class>/*) or torchvision's layout (downloaded when absent); cached as tensors")
-    add('--train-splits', default='train', help='image-folder splits to train on, e.g. train,valid')
-    add('--device', default='auto', help='auto (CUDA if present), cpu, cuda, cuda:1, ...')
+    add('--seed', type=int, help='seed of the first run; run i uses seed+i (None: random, logged)')
+    add('--data-dir', default='data/cifar10', help='an image folder (train/<class>/*, '
+        "test/<class>/*: 32x32 images), else CIFAR-10 in torchvision's layout (downloaded there)")
+    add('--device', help='cpu, cuda, cuda:1, ... (default: CUDA where present)')
     add('--precision', default='auto', choices=['auto', 'fp16', 'bf16', 'fp32'], help='auto: fp16 '
         'on CUDA; on the CPU bf16 autocast where the CPU has native bf16, else fp32')
-    add('--seed', type=int, help='seed of the first run; run i uses seed+i (None: random, logged)')
-    add('--log-dir', default='logs', help='logs go to LOG_DIR/<uuid>/')
-    add('--epochs', type=float, help="the schedule fitted to this many epochs (None: hyp's)")
-    add('--hyp', action='append', default=[], metavar='KEY=VALUE', help='set a hyperparameter '
-        '(repeatable): --hyp opt.lr=10 --hyp aug.flip=random --hyp net.tta_level=0')
-    add('--epoch-eval', action=argparse.BooleanOptionalAction, default=True, help='untimed')
-    add('--warmup', action=argparse.BooleanOptionalAction, default=True, help='untimed, dummy data')
-    add('--deterministic', action='store_true', help='CUDA: a seed repeats a run bitwise (slower)')
+    add('--epochs', type=float, help='--hyp opt.train_epochs=EPOCHS, applied before the --hyp')
+    add('--hyp', action='append', default=[], metavar='KEY=VALUE', help='set a hyperparameter, as '
+        'opt.lr=10 (repeatable; a later one wins)')
+    add('--warmup', action=argparse.BooleanOptionalAction, default=True, help='an untimed run first')
+    add('--log-dir', default='logs', help='logs go to LOG_DIR/<uuid>/summary.json')
     args = parser.parse_args(argv)
-    if args.dataset == 'folder' and args.data_dir == 'data/DATASET':
-        parser.error('--dataset folder needs --data-dir DIR (a directory with train/ and test/)')
-    args.data_dir = args.data_dir.replace('DATASET', args.dataset)
-    if args.runs < 1:
-        parser.error(f'--runs must be at least 1, not {args.runs}')
-    if args.epochs is not None and not (args.epochs > 0 and math.isfinite(args.epochs)):
-        parser.error(f'--epochs must be a positive number, not {args.epochs}')
-    return args
+    return args if args.runs > 0 else parser.error(f'--runs must be at least 1, not {args.runs}')
 
-def resolve_device_precision(device_name, precision):
-    try:
-        device = torch.device(device_name.replace('auto', 'cuda' if torch.cuda.is_available()
-                                                  else 'cpu'))
-    except RuntimeError:
-        raise ValueError(f'--device {device_name!r} is not a device; use auto, cpu, cuda or cuda:N')
-    if device.type == 'cuda' and not torch.cuda.is_available():
-        raise ValueError(f'--device {device_name} asks for CUDA, but this torch '
-                         f'({torch.__version__}) sees no CUDA device; use --device cpu or auto.')
-    if precision == 'auto':  # without native bf16, bf16 convolutions are several times slower
-        native_bf16 = device.type == 'cpu' and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-        precision = 'fp16' if device.type == 'cuda' else 'bf16' if native_bf16 else 'fp32'
-    return device, precision
+HYP_CHOICES = {'flip': ('alternating', 'random', 'none'), 'tta_level': (0, 1, 2), 'whiten': (True,
+               False), 'sampling': ('reshuffle', 'replacement'), 'identity_init': (True, False),
+               'convs_per_block': (2, 3)}  # every switch (each str and bool entry) of every hyp
+HYP_RANGES = {  # inclusive, by a key's name (widths: each block's); any other number: hyp's sign
+    **dict.fromkeys(['batch_size', 'widths', 'renorm_every', 'step_every', 'newton_schulz_steps',
+                     'whiten_images'], (1, math.inf)), 'cutout': (0, 32), 'translate': (0, 31),
+    **dict.fromkeys(['label_smoothing', 'batchnorm_momentum', 'tta_fraction', 'masked_fraction',
+                     'lr_peak_fraction'], (0, 1)), 'train_epochs': (0.001, math.inf),
+    **dict.fromkeys(['momentum', 'filter_momentum'], (0, 0.999))}
 
-def keep_freed_memory_in_process():
-    """Make glibc's malloc keep freed memory: by default each CPU training step would page-fault
-    and zero-fill its large activations anew (docs/cpu.md, "Speed"). False without glibc."""
-    try:
-        libc = ctypes.CDLL(None)
-        mallopt, _ = libc.mallopt, libc.gnu_get_libc_version  # both exist only in glibc
-    except (OSError, AttributeError):
-        return False
-    M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # from glibc's malloc.h
-    return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
+def check_hyp(key, value, default):
+    """Refuse, before any training, a value unlike hyp's own (its type, a dict's keys, a tuple's
+    length; whole where hyp's is, but epochs) or outside HYP_CHOICES and HYP_RANGES."""
+    kind, name = type(default), key.split('.')[1]
+    if kind in (dict, tuple) and (type(value) is not kind or len(value) != len(default) or
+                                  kind is dict and value.keys() != default.keys()):
+        raise ValueError(f'--hyp {key} takes a value like {default!r}, not {value!r}')
+    for part in (default if kind is dict else range(len(default))) if kind in (dict, tuple) else ():
+        check_hyp(f'{key}.{part}' if kind is dict else key, value[part], default[part])
+    if name in HYP_CHOICES and value not in HYP_CHOICES[name]:
+        raise ValueError(f'--hyp {key} takes one of {HYP_CHOICES[name]}, not {value!r}')
+    if kind in (int, float):
+        whole = kind is int and not name.endswith('epochs')
+        low, high = HYP_RANGES.get(name, (0, math.inf) if default >= 0 else (-math.inf, 0))
+        if type(value) not in ((int,) if whole else (int, float)) or not (
+                math.isfinite(value) and low <= value <= high):
+            raise ValueError(f'--hyp {key} takes {"a whole number" if whole else "a number"} from '
+                             f'{low} to {high}, not {value!r}')
 
-def compiled_graph_count():
-    """Graphs torch.compile has compiled in this process (0 where nothing is compiled)."""
-    dynamo_utils = sys.modules.get('torch._dynamo.utils')
-    return dynamo_utils.counters['stats']['unique_graphs'] if dynamo_utils else 0
+def hyp_with_flags(args):
+    """hyp with --epochs N as opt.train_epochs=N, then each --hyp GROUP.KEY=VALUE (a word such as
+    'random': a string), each value checked."""
+    run_hyp = copy.deepcopy(hyp)
+    for text in [f'opt.train_epochs={args.epochs}'] * (args.epochs is not None) + args.hyp:
+        key, sep, value = text.partition('=')
+        group, _, name = key.partition('.')
+        if not sep or name not in run_hyp.get(group, {}):
+            raise ValueError(f'--hyp takes KEY=VALUE (for example opt.lr=10), not {text!r}'
+                             if not sep else f'--hyp {key}: no such hyperparameter (see hyp)')
+        try:
+            run_hyp[group][name] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            run_hyp[group][name] = value
+        check_hyp(key, run_hyp[group][name], hyp[group][name])
+    return run_hyp
+
+def mean_and_interval(values):
+    """n, mean, std and the 95% interval of the mean (Student's t; past 25 runs within 0.3%)."""
+    n, mean, std = len(values), statistics.mean(values), statistics.stdev(values)
+    t = ([12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23, 2.20, 2.18, 2.16, 2.14, 2.13,
+          2.12, 2.11, 2.10, 2.09, 2.09, 2.08, 2.07, 2.07, 2.06] + [1.96 + 2.4 / n] * n)[n - 2]
+    return dict(n=n, mean=mean, std=std, ci95=[mean - t * std / n**0.5, mean + t * std / n**0.5])
+
+def warm_up(data, run_hyp, device, precision, seed, net, full):
+    """An untimed run on two batches of random labels: full (CUDA), past the whitening bias's
+    freeze and evaluating the real test set (compilation, kernel choices); else 2 steps."""
+    n, opt = 2 * run_hyp['opt']['batch_size'], run_hyp['opt']
+    epochs = min(math.ceil(opt['whiten_bias_epochs']) + 1 if full else 1, opt['train_epochs'])
+    warm = {split: {k: v[:n] for k, v in data[split].items()} for split in ('train', 'test')}
+    warm['train']['labels'] = torch.randint_like(warm['train']['labels'], len(data['classes']))
+    train({**data, 'train': warm['train'], 'test': data['test'] if full else warm['test']},
+          {**run_hyp, 'opt': {**opt, 'train_epochs': epochs}}, device, precision, seed, net)
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    code = pathlib.Path(os.path.abspath(__file__)).read_text()
     try:
         args = parse_args(argv)
-        device, precision = resolve_device_precision(args.device, args.precision)
-        run_hyp = study_hyp(args)
-        data = load_dataset(args.dataset, args.data_dir, args.train_splits.split(','))
-        num_train, num_test = len(data['train']['labels']), len(data['test']['labels'])
-        num_classes = len(data['classes'])
-        if num_train < run_hyp['opt']['batch_size']:
-            raise DataError(f"{num_train} training images make no full batch of "
-                            f"{run_hyp['opt']['batch_size']}; set --hyp opt.batch_size=N lower.")
-    except (ValueError, DataError) as error:
+        device = torch.device(args.device or ('cuda' if torch.cuda.is_available() else 'cpu'))
+        if device.type == 'cuda' and not torch.cuda.is_available():
+            raise ValueError(f'--device {device} asks for CUDA, but this torch '
+                             f'({torch.__version__}) sees no CUDA device; use --device cpu.')
+        run_hyp, data = hyp_with_flags(args), load_dataset('cifar10', args.data_dir)
+        if len(data['train']['labels']) < run_hyp['opt']['batch_size']:
+            raise ValueError(f"{len(data['train']['labels'])} training images make no full "
+                             f"batch of {run_hyp['opt']['batch_size']}; set opt.batch_size lower.")
+    except (ValueError, OSError, RuntimeError) as error:  # an unreadable image, an unknown device
         sys.exit(f'error: {error}')
-    keep_freed_memory_in_process()  # for the CPU's training steps; harmless beside a GPU
-    torch.backends.cudnn.benchmark = not args.deterministic
-    if args.deterministic:
-        os.environ.setdefault('CUBLAS_WORKSPACE_CONFIG', ':4096:8')
-        torch.use_deterministic_algorithms(True)
-    base_seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), 'little') >> 1
-    log_dir, results = os.path.join(args.log_dir, str(uuid.uuid4())), []
-    data.update({split: {k: v.to(device) for k, v in data[split].items()}
-                 for split in ('train', 'test')})
-    config = dict(hyp=run_hyp, args=vars(args), argv=argv, device=str(device), precision=precision,
-                  torch_version=torch.__version__, script=os.path.basename(__file__),
-                  base_seed=base_seed, num_train=num_train, num_test=num_test)
-    print(f'device {device}, precision {precision}, torch {torch.__version__}, {num_train} train / '
-          f'{num_test} test images, {num_classes} classes, seed {base_seed}, log {log_dir}')
-    write_logs(log_dir, code, results, config, 'running')
+    cpu_bf16 = device.type == 'cpu' and torch.ops.mkldnn._is_mkldnn_bf16_supported()  # else slow
+    precision = args.precision.replace('auto', 'fp16' if device.type == 'cuda' else
+                                       'bf16' if cpu_bf16 else 'fp32')
+    seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), 'little') >> 1
+    data.update({s: {k: v.to(device) for k, v in data[s].items()} for s in ('train', 'test')})
+    opt, classes, log_dir = run_hyp['opt'], len(data['classes']), f'{args.log_dir}/{uuid.uuid4()}'
+    log = dict(argv=argv, hyp=run_hyp, device=str(device), precision=precision, base_seed=seed,
+               torch_version=torch.__version__, runs=[], code=open(__file__).read())
+    print(f"device {device}, precision {precision}, torch {torch.__version__}, seed {seed}, "
+          f"{len(data['train']['labels'])} training images in {classes} classes")
+    net, start = build_net(run_hyp['net'], classes, device, precision), time.perf_counter()
+    torch.backends.cudnn.benchmark = True
+    if args.warmup:
+        warm_up(data, run_hyp, device, precision, seed, net, full=device.type == 'cuda')
+    log['warmup_seconds'], columns = time.perf_counter() - start, [
+        'run', 'epoch', 'train_loss', 'train_acc', 'val_acc', 'tta_val_acc', 'total_time_seconds']
+    print(f"warmup: {log['warmup_seconds']:.1f} s\n| {' | '.join(columns)} |")
 
-    def report(run, figures):
-        if not math.isfinite(figures['train_loss']):
-            raise FloatingPointError(f"run {run}: the training loss became {figures['train_loss']} "
-                                     f"in epoch {figures['epoch']}. Lower the learning rate (--hyp "
-                                     'opt.lr=...) or check the data; earlier runs are in the log.')
-        print(format_row({**figures, 'run': run if figures['epoch'] == 0 else None}))
+    def report(figures):
+        print('| ' + ' | '.join((f'{figures[c]:.4f}' if isinstance(figures.get(c), float) else
+                                 str(figures.get(c, ''))).rjust(len(c)) for c in columns) + ' |')
+        if not math.isfinite(figures.get('train_loss', 0)):
+            raise FloatingPointError(f"run {figures['run']}: the training loss became "
+                                     f"{figures['train_loss']} in epoch {figures['epoch']}. Lower "
+                                     'the learning rate (--hyp opt.lr=...) or check the data.')
+        if (figures['run'], figures['epoch']) == (0, 0):  # the default 25 runs take hours on a CPU
+            left = (time.perf_counter() - start) * (math.ceil(opt['train_epochs']) * args.runs - 1)
+            print(f'about {left / 60:.1f} minutes left for the {args.runs} runs')
 
-    try:
-        net = build_net(run_hyp['net'], num_classes, device, precision)
-        start_time, graphs_before = time.perf_counter(), compiled_graph_count()
-        if args.warmup:  # untimed: first-call costs (allocation, kernel selection, compilation)
-            dummy = dummy_dataset(num_classes, run_hyp['opt']['batch_size'], num_test, device)
-            train(dummy, run_hyp, device, precision, base_seed, net, args.epoch_eval)
-        config['warmup_seconds'] = time.perf_counter() - start_time
-        config['graphs_compiled_in_warmup'] = compiled_graph_count() - graphs_before
-        graphs_before = compiled_graph_count()
-        print(f"warmup: {config['warmup_seconds']:.1f} s, {config['graphs_compiled_in_warmup']} "
-              f'graphs compiled\n{format_row()}')
+    def write_log(status):  # after each run, replaced whole: a crash keeps the runs before it
+        os.makedirs(log_dir, exist_ok=True)
+        with open(f'{log_dir}/summary.json.tmp', 'w') as f:
+            json.dump(dict(log, status=status, runs_finished=len(log['runs'])), f, indent=2)
+        os.replace(f'{log_dir}/summary.json.tmp', f'{log_dir}/summary.json')
+
+    try:  # status: set by the last run's log, or by how the runs stopped
         for run in range(args.runs):
-            result = train(data, run_hyp, device, precision, base_seed + run, net, args.epoch_eval,
-                           on_epoch=lambda figures: report(run, figures))
-            result['graphs_compiled_since_warmup'] = compiled_graph_count() - graphs_before
-            results.append({key: value for key, value in result.items() if key != 'net'})
-            print(format_row({**result, 'epoch': 'eval'}))
-            status = 'finished' if len(results) == args.runs else 'running'
-            write_logs(log_dir, code, results, config, status)
+            start = time.perf_counter()
+            result = train(data, run_hyp, device, precision, seed + run, net,
+                           on_epoch=lambda figures: report({**figures, 'run': run}))
+            log['runs'].append({key: value for key, value in result.items() if key != 'net'})
+            report({**log['runs'][-1], 'run': run, 'epoch': 'eval'})
+            write_log(status := 'finished' if run + 1 == args.runs else 'running')
     except KeyboardInterrupt:
         status = 'interrupted'
-        print(f'\nInterrupted: {len(results)} of {args.runs} runs finished and are in the log')
-    except FloatingPointError as error:  # from report()
+        print(f"\nInterrupted: {len(log['runs'])} of {args.runs} runs finished and are in the log")
+    except FloatingPointError as error:
         status = 'diverged'
-        print(f'\nerror: {error}')
-    write_logs(log_dir, code, results, config, status)
-    for name, key, d in (('TTA accuracy', 'tta_val_acc', 4),
-                         ('Timed seconds', 'total_time_seconds', 3)):
-        stats = describe([r[key] for r in results])
-        if stats['n'] > 1:
-            print(f"{name}: mean {stats['mean']:.{d}f}  std {stats['std']:.{d}f}  n {stats['n']}  "
-                  f"95% CI [{stats['ci95'][0]:.{d}f}, {stats['ci95'][1]:.{d}f}]")
-        elif stats['n'] == 1:
-            print(f"{name}: {stats['mean']:.{d}f} (n 1)")
+        print(f'\nerror: {error} Earlier runs are in the log.')
+    for key in ('tta_val_acc', 'total_time_seconds') if len(log['runs']) > 1 else ():
+        stats = log[key] = mean_and_interval([run[key] for run in log['runs']])
+        print(f"{key}: mean {stats['mean']:.4f}  std {stats['std']:.4f}  n {stats['n']}  "
+              f"95% CI [{stats['ci95'][0]:.4f}, {stats['ci95'][1]:.4f}]")
+    write_log(status)
     print(f'Log: {os.path.abspath(log_dir)}')
     return {'finished': 0, 'diverged': 1, 'interrupted': 130}[status]
 

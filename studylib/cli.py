@@ -6,7 +6,8 @@ import re
 
 from .config import Config
 from .errors import StudyError
-from .scripts import are_script_flags, available_scripts, script_label, script_path
+from .hyp import are_flags, parse_flags
+from .scripts import available_scripts, script_label, script_path
 
 NAME = r'[A-Za-z0-9][A-Za-z0-9_.+-]*'       # a configuration's name, safe as a directory name
 GRID_VALUE = r'[A-Za-z0-9_.+-]+'            # a number or a word: legible in a generated name
@@ -136,7 +137,7 @@ def parse_known(parser, argv):
     if unknown:
         flags = ' '.join(unknown)
         where = (f'flags of the scripts go after --: study.py SCRIPT --runs N --study-dir DIR -- '
-                 f'{flags}' if are_script_flags(unknown) else
+                 f'{flags}' if are_flags(unknown) else
                  "study.py's flags are in python study.py --help; the scripts' go after --")
         raise StudyError(f'unrecognized arguments: {flags} ({where})')
     return args
@@ -144,7 +145,7 @@ def parse_known(parser, argv):
 
 def parse_args(argv):
     """The study's arguments: args.configs is {name: Config}, grids expanded; the flags after --
-    are args.script_flags; args.notes are what rank 0 says about the command before it starts."""
+    are args.flags (studylib.hyp); args.notes are what rank 0 says about the command before it starts."""
     argv = list(argv)
     split = argv.index('--') if '--' in argv else len(argv)
     argv, script_flags = argv[:split], argv[split + 1:]
@@ -168,7 +169,7 @@ def parse_args(argv):
     args.configs = expand(configs or [('baseline', args.script, [])], grids,
                           implicit_baseline=not args.config)
     args.grid_keys = [key for key, _ in grids]
-    args.script_flags = script_flags
+    args.flags = parse_flags(script_flags)
     args.notes = [note] if note else []
     return args
 

@@ -1,207 +1,26 @@
-"""One launch of a study: every process sets up (scripts, data, device), rank 0 plans, all train
-from the shared queue, rank 0 writes the records and, at the end, the summary and report."""
-import argparse
+"""One launch of a study, once set up (studylib.setup): all processes train from the shared queue,
+rank 0 writes the records and, at the end, the summary and report; signals and exit statuses."""
 import datetime
-import hashlib
-import json
 import os
 import signal
 import socket
 import sys
 import threading
 import time
-import uuid
 
 import torch
 
-from . import distribute, report
-from .cli import parse_args, parse_report_args
+from . import report
+from .cli import parse_args
 from .collect import Collector
-from .config import Study
+from .device import prepare_device
 from .distribute import MAX_ATTEMPTS, Heartbeat, Liveness, Queue, StoreLost, World
-from .environment import local_environment, world_environment
-from .errors import ReportFailed, RunsFailed, StorageError, Stopped, StudyError
-from .files import atomic_write
-from .plan import lock_study_dir, make_plan, open_study
+from .errors import ReportFailed, RunsFailed, Stopped, StudyError
 from .records import FailedTry, Message
-from .runs import Runner, validation_indices
-from .scripts import config_hyp, open_script
+from .runs import Runner
+from .setup import SharedError, first_plan, join_plan
 
 POLL_SECONDS = 0.5  # how often a process without a run looks for one, or for the end
-
-
-def data_fingerprint(data):
-    digest = hashlib.sha256()
-    for split in ('train', 'test'):
-        for key in ('images', 'labels'):
-            digest.update(data[split][key].cpu().contiguous().numpy().tobytes())
-    return digest.hexdigest()
-
-
-def setup_configs(args):
-    """The study's scripts ({label: Script}, each loaded once) and its configurations resolved
-    ({name: Config} with the script's SHA-256 and the resolved hyp)."""
-    scripts, configs = {}, {}
-    for name, config in args.configs.items():
-        if config.script not in scripts:
-            scripts[config.script] = open_script(config.script, args.script_flags)
-        script = scripts[config.script]
-        try:
-            hyp = config_hyp(script.module, script.args, config.overrides)
-        except StudyError as error:
-            raise StudyError(f'--config {name}: {error}' if args.config else str(error)) from None
-        configs[name] = config.resolved(script.sha256, hyp)
-    return scripts, configs
-
-
-def setup_process(args, world):
-    """This process's scripts, configurations, device, precision and data, and what it tells rank
-    0: its environment and data fingerprint (or the error that stops the study)."""
-    scripts, configs = setup_configs(args)
-    main_script, main_args = scripts[args.script].module, scripts[args.script].args
-    try:
-        device, precision = main_script.resolve_device_precision(main_args.device,
-                                                                 main_args.precision)
-        data = main_script.load_dataset(main_args.dataset, main_args.data_dir,
-                                        main_args.train_splits.split(','),
-                                        log=print if world.local_rank == 0 else lambda *_: None)
-    except (ValueError, main_script.DataError) as error:
-        raise StudyError(error) from None
-    if args.val_split >= len(data['train']['labels']):
-        raise StudyError(f"--val-split {args.val_split} leaves none of the "
-                         f"{len(data['train']['labels'])} training images to train on")
-    if device.type == 'cuda' and world.size > 1:  # one GPU per process
-        if world.local_rank >= torch.cuda.device_count():
-            raise StudyError(f'{torch.cuda.device_count()} GPUs on {socket.gethostname()}, fewer '
-                             'than the processes torchrun started there (--nproc_per_node)')
-        device = torch.device('cuda', world.local_rank)
-    info = dict(local_environment(device, precision), data=data_fingerprint(data))
-    return argparse.Namespace(main_script=main_script, main_args=main_args, scripts=scripts,
-                              configs=configs, device=device, precision=precision, data=data,
-                              info=info)
-
-
-def study_of(args, process):
-    """What this command's study is: its settings and its configurations (each its script's
-    SHA-256 and resolved hyp), to compare with DIR's (a command that differs is refused)."""
-    data = process.data
-    settings = dict(seed=args.seed, vary=args.vary, train_subset=args.train_subset,
-                    val_split=args.val_split, save_logits=args.save_logits,
-                    precision=process.precision, data=dict(
-                        dataset=process.main_args.dataset,
-                        train_splits=process.main_args.train_splits,
-                        sha256=process.info['data'], num_train=len(data['train']['labels']),
-                        num_test=len(data['test']['labels']), classes=list(data['classes'])))
-    return Study(settings=settings, configs=process.configs, runs=args.runs, target=args.target)
-
-
-def check_world(infos):
-    """Refuse a process's error, or processes that disagree on the data."""
-    for rank, info in enumerate(infos):
-        if 'error' in info:
-            where = '' if rank == 0 else f" (rank {rank}, {info['host']})"
-            raise StudyError(info['error'] + where)
-    fingerprints = [info['data'] for info in infos]
-    if len(set(fingerprints)) > 1:
-        other = next(rank for rank, value in enumerate(fingerprints) if value != fingerprints[0])
-        raise StudyError(f"the processes see different data: rank 0 ({infos[0]['host']}) and rank "
-                         f"{other} ({infos[other]['host']}) differ; give every machine the same "
-                         'dataset in --data-dir')
-
-
-def check_outputs_travel(args, data):
-    """Refuse, before any training, outputs too large for the store to carry (in chunks)."""
-    num_test, num_classes = len(data['test']['labels']), len(data['classes'])
-    size = (2 * num_test * num_classes * 2 if args.save_logits else 0) + \
-        (len(data['train']['labels']) if args.train_subset is not None else 0)
-    if size > distribute.MAX_OUTPUT_BYTES:
-        raise StudyError(f'the outputs of a run would be {size / 2**20:.0f} MiB (fp16 logits of '
-                         f'{num_test} test images x {num_classes} classes, twice, and the subset '
-                         f'mask), more than the {distribute.MAX_OUTPUT_BYTES / 2**20:.0f} MiB '
-                         'a run may send to rank 0; drop --save-logits or use fewer test images')
-
-
-def plan_launch(args, process, infos, command):
-    """Rank 0: check the world and DIR, record the launch in study.json, and list the runs to train.
-    Returns the lock on DIR and the plan."""
-    check_world(infos)
-    check_outputs_travel(args, process.data)
-    launch = dict(id=uuid.uuid4().hex[:12], command=command, environment=world_environment(infos),
-                  started=datetime.datetime.now(datetime.timezone.utc).isoformat())
-    lock, study, notes = open_study(args.study_dir, study_of(args, process), command, launch)
-    try:
-        runner_files(args, process)
-        plan = make_plan(args.study_dir, study, list(process.configs), args.runs, launch)
-        plan.update(data=process.info['data'], notes=notes + plan['notes'])
-    except BaseException:
-        lock.close()
-        raise
-    return lock, plan
-
-
-def runner_files(args, process):
-    """The files a study's analyses need beside its records: the held-out split of --val-split and
-    the test labels that saved logits are scored against."""
-    if args.val_split:
-        held_out = validation_indices(len(process.data['train']['labels']), args.val_split,
-                                      args.seed)
-        atomic_write(os.path.join(args.study_dir, 'validation.json'),
-                     json.dumps({'seed': args.seed, 'indices': held_out.tolist()}))
-    if args.save_logits:
-        atomic_write(os.path.join(args.study_dir, 'test_labels.json'),
-                     json.dumps(process.data['test']['labels'].tolist()))
-
-
-def first_plan(args, world, command):
-    """The launch's start: every process sets up and tells rank 0 its environment and data
-    fingerprint (or its error); rank 0 checks them and DIR and publishes the plan (or the error that
-    stops every process)."""
-    process = None
-    try:
-        if world.local_rank != 0:  # one process per machine first: a download, the tensor cache
-            world.store.wait_for(f'set_up/{world.node}')
-        process = setup_process(args, world)
-        info = process.info
-    except StudyError as error:
-        info = dict(host=socket.gethostname(), error=str(error))
-    finally:
-        if world.local_rank == 0:
-            world.store.set(f'set_up/{world.node}', '1')
-    world.publish(f'info/{world.rank}', info)
-    lock = None
-    if world.rank == 0:
-        try:
-            lock, plan = plan_launch(args, process, world.read_all('info'), command)
-        except StudyError as error:
-            plan = {'error': str(error), 'exit_status': error.exit_status}
-        world.publish('plan', plan)
-    plan = world.read('plan')
-    if 'error' in plan:
-        raise SharedError(plan['error'], plan['exit_status'])
-    return process, plan, lock
-
-
-def join_plan(args, world):
-    """A process that joins a running launch (a torchrun restart, of any rank): its own setup,
-    checked against the plan's data; rank 0 takes DIR's lock again."""
-    plan = world.read('plan')
-    if 'error' in plan:
-        raise SharedError(plan['error'], plan['exit_status'])
-    process = setup_process(args, world)
-    if process.info['data'] != plan['data']:
-        raise StudyError(f'rank {world.rank} ({socket.gethostname()}) sees other data than the '
-                         'launch it joins; give every machine the same dataset in --data-dir')
-    return process, plan, lock_study_dir(args.study_dir) if world.rank == 0 else None
-
-
-def prepare_device(process):
-    if process.device.type == 'cuda':
-        torch.cuda.set_device(process.device)
-    torch.backends.cudnn.benchmark = not process.main_args.deterministic
-    if process.main_args.deterministic:
-        os.environ.setdefault('CUBLAS_WORKSPACE_CONFIG', ':4096:8')
-        torch.use_deterministic_algorithms(True)
-    process.main_script.keep_freed_memory_in_process()  # the CPU's steps; harmless beside a GPU
 
 
 def failure_record(config, run, error, runner):
@@ -292,15 +111,6 @@ class ProcessLost(Exception):
     """A run whose process was lost again and again."""
 
 
-class SharedError(StudyError):
-    """An error every process of the launch meets (the plan's): rank 0 says it, and every process
-    exits with the status of the error rank 0 met."""
-
-    def __init__(self, message, exit_status):
-        super().__init__(message)
-        self.exit_status = exit_status
-
-
 def run_study(args, world, command):
     """This process's part of the launch: set up, train from the queue and, on rank 0, write the
     records, then the report (world.collector: what it wrote)."""
@@ -311,7 +121,7 @@ def run_study(args, world, command):
         process, plan, lock = join_plan(args, world)
     else:
         process, plan, lock = first_plan(args, world, command)
-    prepare_device(process)
+    prepare_device(process.device, process.flags.deterministic)
     runner = Runner(args, process, world, plan['launch'])
     collector = None
     if world.rank == 0:
@@ -356,26 +166,10 @@ def close_launch(args, collector, lock):
         collector.collect()
     finally:
         try:
-            report_error = write_report(args.study_dir, args.resolve)
+            report_error = report.write_report(args.study_dir, args.resolve)
         finally:
             lock.close()
     return report_error
-
-
-def write_report(study_dir, resolve=None):
-    """The summary, report and plots at the end of a launch; None, or what went wrong and how to
-    rebuild them (the runs are written whatever the analyses raise)."""
-    try:
-        report.write_outputs(study_dir, resolve=resolve)
-    except Exception as error:  # noqa: BLE001: whatever the analyses raise, the runs are kept
-        return report_failure(study_dir, error)
-    return None
-
-
-def report_failure(study_dir, error):
-    message = (str(error).splitlines() or [''])[0][:300]
-    return (f'the report of {study_dir} could not be written ({type(error).__name__}: {message}); '
-            f'the runs are kept: rebuild it with python study.py report {study_dir}')
 
 
 def raise_stopped(signal_number, frame):
@@ -385,7 +179,7 @@ def raise_stopped(signal_number, frame):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ['report']:
-        return report_main(argv[1:])
+        return report.main(argv[1:])
     world = None
     in_main_thread = threading.current_thread() is threading.main_thread()
     if in_main_thread:  # torchrun stops the other processes with SIGTERM when one fails
@@ -417,28 +211,4 @@ def main(argv=None):
     finally:
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous_handler)
-    return 0
-
-
-def report_main(argv):
-    """study.py report DIR: 0 with the report written (a warning line for each damaged file it
-    does not count), 1 for a command or directory refused, 3 where no report could be written."""
-    try:
-        args = parse_report_args(argv)
-        summary = report.write_outputs(args.study_dir, target=args.target, resolve=args.resolve,
-                                       require_speedup=args.speedup,
-                                       require_variance=args.variance, margin=args.margin,
-                                       time_margin=args.time_margin)
-    except StorageError as error:
-        print(f'error: {error}', file=sys.stderr, flush=True)
-        return ReportFailed.exit_status
-    except StudyError as error:
-        print(f'error: {error}', file=sys.stderr, flush=True)
-        return StudyError.exit_status
-    except Exception as error:  # noqa: BLE001: an analysis or a write that fails says so
-        print(f'error: {report_failure(args.study_dir, error)}', file=sys.stderr, flush=True)
-        return ReportFailed.exit_status
-    for line in summary['damaged']:
-        print(f'warning: damaged, not counted: {line}', file=sys.stderr, flush=True)
-    print(f'rebuilt {args.study_dir}: summary.json, report.md, runs.csv and the plots')
     return 0

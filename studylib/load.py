@@ -2,6 +2,7 @@
 (never all at once: 10,000 runs of fp16 logits are about 4 GB); and the ensemble tallies of the
 variance and calibration analyses, kept beside the study and extended by the runs added since."""
 import glob
+import io
 import os
 from collections.abc import Mapping
 
@@ -11,7 +12,7 @@ import torch
 
 from .config import Study
 from .errors import StudyError
-from .files import config_dir, outputs_path, read_failures, read_json, scan_runs
+from .files import atomic_write, config_dir, outputs_path, read_failures, read_json, scan_runs
 from .variance import EnsembleTally
 
 OUTPUT_KEYS = ('logits', 'logits_plain', 'train_mask')
@@ -183,8 +184,8 @@ def _tally(study_dir, config, wanted, key, labels, num_classes):
     if new:
         runs = held + new
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        temporary = f'{path}.tmp{os.getpid()}.npz'
-        np.savez(temporary, votes=tally.votes, accuracies=np.array(tally.accuracies),
+        buffer = io.BytesIO()
+        np.savez(buffer, votes=tally.votes, accuracies=np.array(tally.accuracies),
                  runs=np.array(runs), finished=np.array([wanted[run] for run in runs]))
-        os.replace(temporary, path)
+        atomic_write(path, buffer.getvalue())
     return tally

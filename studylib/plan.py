@@ -9,8 +9,6 @@ from .config import Study
 from .errors import StudyError
 from .files import Damaged, scan_runs, set_aside
 
-SOURCES = ('init', 'order', 'aug')  # the sources of randomness of the scripts' source_seeds
-
 
 def differences(there, here, key=''):
     """'key (DIR's value there, this command's here)' for every setting that differs."""
@@ -19,12 +17,6 @@ def differences(there, here, key=''):
         return [d for k in keys for d in differences(there.get(k, 'absent'), here.get(k, 'absent'),
                                                      f'{key}.{k}' if key else k)]
     return [] if there == here else [f'{key} ({json.dumps(there)} there, {json.dumps(here)} here)']
-
-
-def run_seeds(source_seeds, seed, run, vary):
-    """Run `run`'s seeds of the three sources: run i's for the varied ones, run 0's otherwise."""
-    varied, held = source_seeds(seed + run), source_seeds(seed)
-    return {source: (varied if vary in (source, 'all') else held)[source] for source in SOURCES}
 
 
 def lock_study_dir(study_dir):

@@ -4,8 +4,10 @@ made says why in its place; only a study directory that cannot be read stops the
 import json
 import math
 import os
+import sys
 
-from .errors import StudyError
+from .cli import parse_report_args
+from .errors import ReportFailed, StorageError, StudyError
 from .files import atomic_write
 from .looks import record_look
 from .markdown import report_lines
@@ -48,3 +50,43 @@ def write_outputs(study_dir, target=None, resolve=None, require_speedup=False,
         if wanted and isinstance(section, dict) and set(section) == {'reason'}:
             raise StudyError(f"no {name} analysis: {section['reason']}")
     return summary
+
+
+def write_report(study_dir, resolve=None):
+    """The summary, report and plots at the end of a launch; None, or what went wrong and how to
+    rebuild them (the runs are written whatever the analyses raise)."""
+    try:
+        write_outputs(study_dir, resolve=resolve)
+    except Exception as error:  # noqa: BLE001: whatever the analyses raise, the runs are kept
+        return report_failure(study_dir, error)
+    return None
+
+
+def report_failure(study_dir, error):
+    message = (str(error).splitlines() or [''])[0][:300]
+    return (f'the report of {study_dir} could not be written ({type(error).__name__}: {message}); '
+            f'the runs are kept: rebuild it with python study.py report {study_dir}')
+
+
+def main(argv):
+    """study.py report DIR: 0 with the report written (a warning line for each damaged file it
+    does not count), 1 for a command or directory refused, 3 where no report could be written."""
+    try:
+        args = parse_report_args(argv)
+        summary = write_outputs(args.study_dir, target=args.target, resolve=args.resolve,
+                                       require_speedup=args.speedup,
+                                       require_variance=args.variance, margin=args.margin,
+                                       time_margin=args.time_margin)
+    except StorageError as error:
+        print(f'error: {error}', file=sys.stderr, flush=True)
+        return ReportFailed.exit_status
+    except StudyError as error:
+        print(f'error: {error}', file=sys.stderr, flush=True)
+        return StudyError.exit_status
+    except Exception as error:  # noqa: BLE001: an analysis or a write that fails says so
+        print(f'error: {report_failure(args.study_dir, error)}', file=sys.stderr, flush=True)
+        return ReportFailed.exit_status
+    for line in summary['damaged']:
+        print(f'warning: damaged, not counted: {line}', file=sys.stderr, flush=True)
+    print(f'rebuilt {args.study_dir}: summary.json, report.md, runs.csv and the plots')
+    return 0

@@ -11,9 +11,19 @@ import socket
 
 import torch
 
+from .data import dummy_dataset
+from .device import compiled_graph_count
 from .environment import device_model
-from .plan import run_seeds
 from .records import RunRecord
+
+
+SOURCES = ('init', 'order', 'aug')  # the sources of randomness of the scripts' source_seeds
+
+
+def run_seeds(source_seeds, seed, run, vary):
+    """Run `run`'s seeds of the three sources: run i's for the varied ones, run 0's otherwise."""
+    varied, held = source_seeds(seed + run), source_seeds(seed)
+    return {source: (varied if vary in (source, 'all') else held)[source] for source in SOURCES}
 
 
 def derived_seed(*parts):
@@ -53,7 +63,8 @@ class Runner:
     def __init__(self, args, process, world, launch):
         self.args, self.world, self.launch = args, world, launch
         self.configs, self.scripts = process.configs, process.scripts
-        self.source_seeds = process.main_script.source_seeds  # one for all: runs stay paired
+        self.flags = process.flags  # the flags after --: the same for every configuration
+        self.source_seeds = process.scripts[args.script].module.source_seeds  # runs stay paired
         self.device, self.precision, data = process.device, process.precision, process.data
         self.device_model = device_model(self.device)
         self.nets, self.warmed_up = {}, set()  # networks by (script, architecture), reinitialized
@@ -85,13 +96,13 @@ class Runner:
         for config in configs:
             script, hyp = self.script(config), self.configs[config].hyp
             key = warmup_key(script.path, hyp)
-            if key in self.warmed_up or not script.args.warmup:
+            if key in self.warmed_up or not self.flags.warmup:
                 continue
-            dummy = script.module.dummy_dataset(len(self.data['classes']),
-                                                hyp['opt']['batch_size'],
-                                                len(self.eval_split['labels']), self.device)
+            dummy = dummy_dataset(script.module.infer, len(self.data['classes']),
+                                  hyp['opt']['batch_size'], len(self.eval_split['labels']),
+                                  self.device)
             script.module.train(dummy, hyp, self.device, self.precision, self.source_seeds(0),
-                                self.net(config), epoch_eval=script.args.epoch_eval)
+                                self.net(config), epoch_eval=self.flags.epoch_eval)
             self.warmed_up.add(key)
 
     def normalized_test_images(self, config):
@@ -133,10 +144,10 @@ class Runner:
         args, script, hyp = self.args, self.script(config), self.configs[config].hyp
         seeds = run_seeds(self.source_seeds, args.seed, run, args.vary)
         data, mask, subset_seed = self.run_data(run)
-        graphs_before = script.module.compiled_graph_count()
+        graphs_before = compiled_graph_count()
         result = script.module.train(data, hyp, self.device, self.precision, seeds,
-                                     self.net(config), script.args.epoch_eval)
-        graphs = script.module.compiled_graph_count() - graphs_before
+                                     self.net(config), self.flags.epoch_eval)
+        graphs = compiled_graph_count() - graphs_before
         outputs, test_acc = self.outputs(config, result['net'], mask)
         losses = result['epoch_train_losses']
         record = RunRecord(

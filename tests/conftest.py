@@ -85,9 +85,9 @@ needs_cpu_fp16_padding = pytest.mark.skipif(not cpu_reflect_pads_fp16(), reason=
 
 # A quick schedule on the synthetic image folder: 384 training images in batches of 64, 4 epochs
 QUICK = ['--hyp', 'opt.batch_size=64', '--epochs', '4', '--device', 'cpu', '--no-warmup']
-# The quickest complete run: one epoch of batches of 32, no warmup, no TTA
-TINY = ['--hyp', 'opt.batch_size=32', '--epochs', '1', '--no-warmup', '--no-epoch-eval',
-        '--hyp', 'net.tta_level=0', '--device', 'cpu']
+# The quickest complete run of a script: one epoch of batches of 32, no warmup, no TTA
+TINY = ['--hyp', 'opt.batch_size=32', '--epochs', '1', '--no-warmup', '--hyp', 'net.tta_level=0',
+        '--device', 'cpu']
 
 
 NARROW_WIDTHS = {'block1': 8, 'block2': 16, 'block3': 16}  # the paper's shape (block2 the wider), for checks of training, not of accuracy
@@ -197,6 +197,18 @@ def record_compiled_graphs(monkeypatch):
 
     compile_with_backend(monkeypatch, recording_backend)
     return graphs
+
+
+def warm_up_as_on_cuda(monkeypatch, script, graphs):
+    """Make main()'s warmup the full one it runs on CUDA, whatever the device; returns a list that
+    receives len(graphs) when the warmup ends: the graphs compiled before any timed run."""
+    warmed, warm_up = [], script.warm_up
+
+    def full_warm_up(*args, full):
+        warm_up(*args, full=True)
+        warmed.append(len(graphs))
+    monkeypatch.setattr(script, 'warm_up', full_warm_up)
+    return warmed
 
 
 def run_script(name, *args, timeout=600):

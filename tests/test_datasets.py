@@ -1,12 +1,17 @@
-"""Any 32x32 dataset, and reproducible runs."""
-import json
+"""Any 32x32 dataset (the scripts': CIFAR-10 or an image folder; study.py's: CIFAR-10/100, SVHN,
+image folders of several splits, cached), and reproducible runs."""
 import os
 
 import pytest
 import torch
 
-from conftest import (CPU, QUICK, TINY, run_script, summary_of, tiny_dataset, with_hyp,
+from conftest import (CPU, QUICK, load_script, run_script, summary_of, tiny_dataset, with_hyp,
                       write_image_folder)
+
+load_script('study')  # puts the repository on the path
+import studylib.data  # noqa: E402
+from studylib.data import CIFAR10_MEAN, CIFAR10_STD, load_dataset  # noqa: E402
+from studylib.hyp import config_hyp, parse_flags  # noqa: E402
 
 
 def test_class_count_comes_from_the_data_and_sets_the_head(ab94, tmp_path):
@@ -14,21 +19,28 @@ def test_class_count_comes_from_the_data_and_sets_the_head(ab94, tmp_path):
                               test_per_class=2)
     data = ab94.load_dataset('folder', root)
     assert data['classes'] == [f'class_{i}' for i in range(7)]
+    assert load_dataset('folder', root)['classes'] == data['classes']
     result = ab94.train(data, with_hyp(ab94.hyp, opt__batch_size=7, opt__train_epochs=1), CPU,
                         'fp32', seed=0, epoch_eval=False)
     assert result['net'][-2].out_features == 7
 
 
 def test_normalization_constants_for_cifar10_and_computed_otherwise(ab94, image_folder):
-    as_cifar10 = ab94.load_dataset('cifar10', image_folder)
-    assert as_cifar10['mean'] == ab94.CIFAR10_MEAN and as_cifar10['std'] == ab94.CIFAR10_STD
-    as_folder = ab94.load_dataset('folder', image_folder)  # the cache is rebuilt: another dataset
+    """study.py: CIFAR-10's constants for --dataset cifar10, else the training set's; the scripts:
+    an image folder's own statistics, whatever it holds."""
+    as_cifar10 = load_dataset('cifar10', image_folder)
+    assert as_cifar10['mean'] == CIFAR10_MEAN and as_cifar10['std'] == CIFAR10_STD
+    as_folder = load_dataset('folder', image_folder)  # the cache is rebuilt: another dataset
     pixels = as_folder['train']['images'].double().div(255).reshape(-1, 3)
     assert as_folder['mean'] == pytest.approx(tuple(pixels.mean(0).tolist()))
     assert as_folder['std'] == pytest.approx(tuple(pixels.std(0).tolist()))
-    assert as_folder['mean'] != pytest.approx(ab94.CIFAR10_MEAN, abs=1e-3)
+    assert as_folder['mean'] != pytest.approx(CIFAR10_MEAN, abs=1e-3)
     cached = torch.load(os.path.join(image_folder, 'airbench_cache.pt'), weights_only=True)
     assert cached['mean'] == as_folder['mean']  # the statistics are cached with the data
+    scripts = ab94.load_dataset('cifar10', image_folder)
+    assert scripts['mean'] == pytest.approx(as_folder['mean'])
+    assert scripts['std'] == pytest.approx(as_folder['std'])
+    assert torch.equal(scripts['train']['images'], as_folder['train']['images'])
 
 
 def test_cinic10_valid_split_joins_training(ab94, tmp_path):
@@ -37,35 +49,37 @@ def test_cinic10_valid_split_joins_training(ab94, tmp_path):
     write_image_folder(os.path.join(tmp_path, 'other'), num_classes=3, train_per_class=5,
                        test_per_class=1, seed=1)
     os.rename(os.path.join(tmp_path, 'other', 'train'), os.path.join(root, 'valid'))
-    train_only = ab94.load_dataset('folder', root)
-    with_valid = ab94.load_dataset('folder', root, train_splits=('train', 'valid'))
+    train_only = load_dataset('folder', root)
+    with_valid = load_dataset('folder', root, train_splits=('train', 'valid'))
     assert len(train_only['train']['labels']) == 12
     assert len(with_valid['train']['labels']) == 12 + 15
     assert torch.equal(with_valid['train']['images'][:12], train_only['train']['images'])
 
 
-def test_torchvision_datasets_use_training_set_statistics(ab94, tmp_path, monkeypatch):
+def test_torchvision_datasets_use_training_set_statistics(tmp_path, monkeypatch):
     def fake_read(name, data_dir, download):
         data = tiny_dataset(num_classes=10)
         return {'train': data['train'], 'test': data['test'], 'classes': data['classes']}
-    monkeypatch.setattr(ab94, 'read_torchvision_dataset', fake_read)
+    monkeypatch.setattr(studylib.data, 'read_torchvision_dataset', fake_read)
     pixels = tiny_dataset(num_classes=10)['train']['images'].double().div(255).reshape(-1, 3)
     for name in ('cifar100', 'svhn'):
-        data = ab94.load_dataset(name, str(tmp_path / name))
+        data = load_dataset(name, str(tmp_path / name))
         assert data['mean'] == pytest.approx(tuple(pixels.mean(0).tolist()))
         assert data['std'] == pytest.approx(tuple(pixels.std(0).tolist()))
         assert os.path.exists(tmp_path / name / 'airbench_cache.pt')
 
 
-def test_svhn_turns_flipping_off_unless_asked(ab94, tmp_path, monkeypatch):
-    monkeypatch.setattr(ab94, 'load_dataset', lambda *a, **k: tiny_dataset())
+def test_svhn_turns_flipping_off_unless_asked(ab94):
+    """study.py's SVHN (digits are not mirror-symmetric): no flipping, unless a flag or a
+    configuration asks for it."""
     flips = {}
-    for flags in ([], ['--hyp', 'aug.flip=random']):
-        log_dir = tmp_path / str(len(flips))
-        assert ab94.main(['--dataset', 'svhn', '--runs', '1', '--log-dir', str(log_dir), *TINY,
-                          *flags]) == 0
-        flips[tuple(flags)] = summary_of(log_dir)['hyp']['aug']['flip']
-    assert flips == {(): 'none', ('--hyp', 'aug.flip=random'): 'random'}
+    for flags, overrides in (([], []), (['--hyp', 'aug.flip=random'], []),
+                             ([], ['aug.flip=alternating'])):
+        hyp = config_hyp(ab94.hyp, parse_flags(['--dataset', 'svhn', *flags]), overrides)
+        flips[(*flags, *overrides)] = hyp['aug']['flip']
+    assert flips == {(): 'none', ('--hyp', 'aug.flip=random'): 'random',
+                     ('aug.flip=alternating',): 'alternating'}
+    assert config_hyp(ab94.hyp, parse_flags([]))['aug']['flip'] == 'alternating'
 
 
 @pytest.mark.slow

@@ -3,7 +3,6 @@ nothing already computed is lost: in every script (the data, the flags, every hy
 cache, Ctrl-C), and the same seed gives the same result."""
 import json
 import os
-import pathlib
 import re
 import signal
 import subprocess
@@ -16,6 +15,12 @@ import torch
 from conftest import (ALL_SCRIPTS, QUICK, REPO, TINY, compile_with_backend, load_script, narrow,
                       run_script, study_dir, summary_of, tiny_dataset, write_image_folder)
 
+load_script('study')  # puts the repository on the path
+import studylib.data  # noqa: E402
+from studylib.data import load_dataset  # noqa: E402
+from studylib.errors import StorageError, StudyError  # noqa: E402
+from studylib.hyp import config_hyp, parse_flags  # noqa: E402
+
 
 @pytest.fixture(params=ALL_SCRIPTS)
 def any_script(request):
@@ -24,108 +29,130 @@ def any_script(request):
     return load_script(request.param)
 
 
+def script_error(any_script, data_dir, tmp_path, capsys):
+    """What main() says, and exits with, on the data in data_dir (one run of one tiny epoch)."""
+    with pytest.raises(SystemExit) as exit:
+        any_script.main(['--data-dir', str(data_dir), '--log-dir', str(tmp_path / 'logs'), *TINY])
+    assert not (tmp_path / 'logs').exists()  # refused at the start: no log
+    return str(exit.value.code) + capsys.readouterr().err
+
+
 def test_missing_data_without_network_says_how_to_provide_it(any_script, tmp_path):
-    with pytest.raises(any_script.DataError) as error:
+    with pytest.raises(ValueError) as error:
         any_script.load_dataset('cifar10', str(tmp_path / 'nothing'), download=False)
     message = str(error.value)
-    assert 'No cifar10 dataset found' in message
+    assert 'No image folder (train/<class>/*, test/<class>/*) nor cifar10' in message
+    assert 'network access' in message and '--data-dir' in message
+    with pytest.raises(StudyError) as error:  # study.py's loader: three datasets and folders
+        load_dataset('cifar100', str(tmp_path / 'nothing'), download=False)
+    message = str(error.value)
+    assert 'No cifar100 dataset found' in message
     assert 'network access' in message and 'image-folder' in message and '--data-dir' in message
 
 
-def test_directory_in_neither_layout(any_script, tmp_path):
+def test_directory_in_neither_layout_is_refused_by_study_py(tmp_path):
     (tmp_path / 'images').mkdir()
     (tmp_path / 'images' / 'a.png').write_bytes(b'')
-    with pytest.raises(any_script.DataError, match='is not in the image-folder layout: it needs '
-                                                   'the subdirectories train/, test/'):
-        any_script.load_dataset('folder', str(tmp_path))
+    with pytest.raises(StudyError, match='is not in the image-folder layout: it needs the '
+                                         'subdirectories train/, test/'):
+        load_dataset('folder', str(tmp_path))
 
 
-def test_images_not_32x32_are_refused(any_script, tmp_path):
+def test_images_not_32x32_are_refused(any_script, tmp_path, capsys):
     root = write_image_folder(str(tmp_path / 'big'), num_classes=2, train_per_class=2,
                               test_per_class=1, size=40)
-    with pytest.raises(any_script.DataError, match='40x40 pixels.*32x32.*do not resize'):
-        any_script.load_dataset('folder', root)
+    said = script_error(any_script, root, tmp_path, capsys)
+    assert re.search('error: .*40x40 pixels.*32x32.*do not resize', said), said
+    with pytest.raises(StudyError, match='40x40 pixels.*32x32.*do not resize'):
+        load_dataset('folder', root)
 
 
-def test_unreadable_image_is_named(any_script, tmp_path):
+def test_unreadable_image_is_named(any_script, tmp_path, capsys):
     root = write_image_folder(str(tmp_path / 'broken'), num_classes=2, train_per_class=2,
                               test_per_class=1)
     bad = os.path.join(root, 'train', 'class_1', '0001.png')
     with open(bad, 'wb') as f:
         f.write(b'not a png')
-    with pytest.raises(any_script.DataError, match=f'{bad} could not be read as an image'):
-        any_script.load_dataset('folder', root)
+    said = script_error(any_script, root, tmp_path, capsys)
+    assert said.startswith('error: ') and bad in said and 'Traceback' not in said
+    with pytest.raises(StudyError, match=f'{bad} could not be read as an image'):
+        load_dataset('folder', root)
 
 
-def test_train_and_test_class_sets_must_match(any_script, tmp_path):
+def test_train_and_test_class_sets_must_match(any_script, tmp_path, capsys):
     root = write_image_folder(str(tmp_path / 'mismatch'), num_classes=3, train_per_class=2,
                               test_per_class=1)
     os.rename(os.path.join(root, 'test', 'class_2'), os.path.join(root, 'test', 'class_9'))
-    with pytest.raises(any_script.DataError,
-                       match=r"only in train: \['class_2'\]; only in test: \['class_9'\]"):
-        any_script.load_dataset('folder', root)
+    said = script_error(any_script, root, tmp_path, capsys)
+    assert said.startswith(f'error: {root}: train/ and test/ have different class directories '
+                           "(['class_0', 'class_1', 'class_2'] and ['class_0', 'class_1', "
+                           "'class_9'])"), said
+    with pytest.raises(StudyError, match=r"only in train: \['class_2'\]; only in test: "
+                                         r"\['class_9'\]"):
+        load_dataset('folder', root)
 
 
-def test_corrupt_cache_is_rebuilt_and_said_so(any_script, tmp_path):
+def test_corrupt_cache_is_rebuilt_and_said_so(tmp_path):
     image_folder = write_image_folder(str(tmp_path / 'data'), num_classes=2, train_per_class=8,
                                       test_per_class=2)
-    first = any_script.load_dataset('folder', image_folder)
+    first = load_dataset('folder', image_folder)
     cache = os.path.join(image_folder, 'airbench_cache.pt')
     with open(cache, 'r+b') as f:
         f.truncate(100)
     messages = []
-    second = any_script.load_dataset('folder', image_folder, log=messages.append)
+    second = load_dataset('folder', image_folder, log=messages.append)
     assert any('unreadable' in m and 'rebuilding' in m for m in messages)
     assert torch.equal(second['train']['images'], first['train']['images'])
     assert os.path.getsize(cache) > 100
 
 
-def test_a_cache_that_cannot_be_written_is_said_and_skipped(any_script, tmp_path, monkeypatch):
-    """torch.save's failure to write (a full disk) is a RuntimeError, not an OSError."""
+def test_a_cache_that_cannot_be_written_is_said_and_skipped(tmp_path, monkeypatch):
+    """A full disk while the cache is written: said, and no half-written cache is left."""
     image_folder = write_image_folder(str(tmp_path / 'data'), num_classes=2, train_per_class=8,
                                       test_per_class=2)
 
-    def full_disk(data, path):
-        raise RuntimeError('[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0')
-    monkeypatch.setattr(any_script.torch, 'save', full_disk)
+    def full_disk(path, content):
+        raise StorageError(f'{path} could not be written (No space left on device)')
+    monkeypatch.setattr(studylib.data, 'atomic_write', full_disk)
     messages = []
-    data = any_script.load_dataset('folder', image_folder, log=messages.append)
+    data = load_dataset('folder', image_folder, log=messages.append)
     assert len(data['train']['labels']) == 16
     assert any(m.startswith('Could not write the tensor cache') and 'continuing without it' in m
                for m in messages)
     assert sorted(os.listdir(image_folder)) == ['test', 'train']  # no half-written cache
 
 
-def test_stale_cache_is_rebuilt_when_the_folder_changes(ab94, image_folder):
-    first = ab94.load_dataset('folder', image_folder)
+def test_stale_cache_is_rebuilt_when_the_folder_changes(image_folder):
+    first = load_dataset('folder', image_folder)
     extra = os.path.join(image_folder, 'train', 'class_0', 'extra.png')
     from PIL import Image
     Image.new('RGB', (32, 32), (9, 9, 9)).save(extra)
     messages = []
-    second = ab94.load_dataset('folder', image_folder, log=messages.append)
+    second = load_dataset('folder', image_folder, log=messages.append)
     assert any('does not match' in m and 'fingerprint' in m for m in messages)
     assert len(second['train']['labels']) == len(first['train']['labels']) + 1
     # And a cache that matches is used without decoding again
     messages.clear()
-    ab94.load_dataset('folder', image_folder, log=messages.append)
+    load_dataset('folder', image_folder, log=messages.append)
     assert messages == []
 
 
 NONSENSICAL_FLAGS = [
     (['--runs', '0'], '--runs must be at least 1'),
-    (['--epochs', '0'], '--epochs must be a positive number'),
-    (['--epochs', '-2'], '--epochs must be a positive number'),
-    (['--epochs', 'nan'], '--epochs must be a positive number'),
-    (['--device', 'toaster'], "--device 'toaster' is not a device"),
-    (['--dataset', 'imagenet'], "invalid choice: 'imagenet'"),
-    (['--dataset', 'folder'], '--dataset folder needs --data-dir'),
+    (['--epochs', '0'], '--hyp opt.train_epochs takes a number from 0.001 to inf, not 0.0'),
+    (['--epochs', '-2'], '--hyp opt.train_epochs takes a number from 0.001 to inf, not -2.0'),
+    (['--epochs', 'nan'], "--hyp opt.train_epochs takes a number from 0.001 to inf, not 'nan'"),
+    (['--device', 'toaster'], 'device string: toaster'),
+    (['--dataset', 'cifar100'], 'unrecognized arguments: --dataset cifar100'),  # study.py's
     (['--hyp', 'opt.learning_rate=3'], 'no such hyperparameter'),
     (['--hyp', 'opt.lr'], '--hyp takes KEY=VALUE'),
     (['--hyp', 'lr=3'], '--hyp lr: no such hyperparameter'),
-    (['--hyp', 'aug.flip=sideways'], "--hyp aug.flip takes 'alternating', 'random' or 'none'"),
-    (['--hyp', 'net.tta_level=3'], '--hyp net.tta_level takes 0, 1 or 2'),
-    (['--hyp', 'opt.batch_size=0'], '--hyp opt.batch_size takes a whole number of images'),
-    (['--hyp', 'opt.momentum=fast'], "--hyp opt.momentum takes a number from 0 to below 1, not "
+    (['--hyp', 'aug.flip=sideways'], "--hyp aug.flip takes one of ('alternating', 'random', "
+     "'none'), not 'sideways'"),
+    (['--hyp', 'net.tta_level=3'], '--hyp net.tta_level takes one of (0, 1, 2), not 3'),
+    (['--hyp', 'opt.batch_size=0'], '--hyp opt.batch_size takes a whole number from 1 to inf, '
+     'not 0'),
+    (['--hyp', 'opt.momentum=fast'], "--hyp opt.momentum takes a number from 0 to 0.999, not "
      "'fast'"),
 ]
 
@@ -133,7 +160,7 @@ NONSENSICAL_FLAGS = [
 @pytest.mark.slow
 @pytest.mark.parametrize('flags, message', NONSENSICAL_FLAGS)
 def test_nonsensical_flags(flags, message, tmp_path):
-    args = flags if '--dataset' in flags else ['--data-dir', str(tmp_path), *flags]
+    args = ['--data-dir', str(tmp_path), *flags]
     result = run_script('airbench94', *args, '--log-dir', str(tmp_path / 'logs'), timeout=120)
     assert result.returncode != 0
     assert message in result.stderr
@@ -145,7 +172,7 @@ def test_nonsensical_flags(flags, message, tmp_path):
 def test_nonsensical_flags_in_every_script(flags, message, any_script, tmp_path, capsys):
     """As test_nonsensical_flags, in this process: main() exits with the message alone (a
     traceback here would be an exception, not SystemExit)."""
-    args = flags if '--dataset' in flags else ['--data-dir', str(tmp_path), *flags]
+    args = ['--data-dir', str(tmp_path), *flags]
     with pytest.raises(SystemExit) as exit:
         any_script.main([*args, '--log-dir', str(tmp_path / 'logs')])
     said = capsys.readouterr().err + str(exit.value.code)
@@ -164,15 +191,29 @@ def bad_values(default):
     return ['-1', 'nan', 'inf', 'many', '1e999']
 
 
+def refusals(script, setting):
+    """(the script's message, study.py's message) for --hyp SETTING; None where it takes it."""
+    said = []
+    for check in (lambda: script.hyp_with_flags(script.parse_args(['--hyp', setting])),
+                  lambda: config_hyp(script.hyp, parse_flags(['--hyp', setting]))):
+        try:
+            check()
+            said.append(None)
+        except (ValueError, StudyError) as error:
+            said.append(str(error))
+    return said
+
+
 def test_every_hyp_value_of_the_wrong_kind_is_refused_by_name(any_script):
     """Every entry of the script's hyp: a value that its method cannot take is refused before any
-    training, naming the entry and what it takes (not a ZeroDivisionError or a KeyError later)."""
+    training, naming the entry and what it takes (not a ZeroDivisionError or a KeyError later), by
+    the script and by study.py alike, and each takes the value hyp has."""
     for group, entries in any_script.hyp.items():
         for name, default in entries.items():
+            assert refusals(any_script, f'{group}.{name}={default!r}') == [None, None]
             for value in bad_values(default):
-                args = any_script.parse_args(['--hyp', f'{group}.{name}={value}'])
-                with pytest.raises(ValueError, match=re.escape(f'--hyp {group}.{name} takes ')):
-                    any_script.study_hyp(args)
+                for message in refusals(any_script, f'{group}.{name}={value}'):
+                    assert message is not None and message.startswith(f'--hyp {group}.{name}')
 
 
 @pytest.mark.parametrize('setting', [
@@ -182,12 +223,20 @@ def test_every_hyp_value_of_the_wrong_kind_is_refused_by_name(any_script):
     'aug.brightness=-0.1', 'opt.renorm_every=(0, 17)', 'proxy.step_every=0',
     'net.convs_per_block=4'])
 def test_values_outside_what_the_method_takes_are_refused(setting, any_script):
+    """By the script and by study.py, with the same message (study.py's rules are the scripts')."""
     key = setting.partition('=')[0]
     group, name = key.split('.')
     if name not in any_script.hyp.get(group, {}):
         pytest.skip(f'{key} is not a hyperparameter of this script')
-    with pytest.raises(ValueError, match=re.escape(f'--hyp {key}') + r'(\.block2)? takes '):
-        any_script.study_hyp(any_script.parse_args(['--hyp', setting]))
+    script_says, study_says = refusals(any_script, setting)
+    assert re.match(re.escape(f'--hyp {key}') + r'(\.block2)? takes ', script_says), script_says
+    assert study_says == script_says
+
+
+@pytest.mark.parametrize('setting', ['opt.momentum=0.999', 'aug.cutout=32', 'aug.translate=31',
+                                     'opt.train_epochs=0.001', 'opt.label_smoothing=1'])
+def test_the_edges_of_the_ranges_are_taken(setting, ab94):
+    assert refusals(ab94, setting) == [None, None]
 
 
 def test_the_same_seed_gives_the_same_result(any_script, tmp_path, monkeypatch):
@@ -252,11 +301,9 @@ def test_divergence_in_a_later_run_keeps_the_earlier_runs(ab94, tmp_path, monkey
     monkeypatch.setattr(ab94, 'train', train_diverging_on_second_run)
     code = ab94.main(['--runs', '3', '--seed', '5', '--log-dir', str(tmp_path), *TINY])
     assert code == 1 and seeds == [5, 6]
-    run_dir = study_dir(tmp_path)
-    summary = json.loads((run_dir / 'summary.json').read_text())
-    log = torch.load(run_dir / 'log.pt', weights_only=False)
+    summary = json.loads((study_dir(tmp_path) / 'summary.json').read_text())
     assert summary['status'] == 'diverged' and summary['runs_finished'] == 1
-    assert summary['runs'][0]['seed'] == 5 and log['accs'].shape == (1,)
+    assert summary['runs'][0]['seed'] == 5 and len(summary['runs']) == 1
 
 
 @pytest.mark.slow
@@ -292,24 +339,26 @@ def test_ctrl_c_keeps_finished_runs_and_says_how_many(name, image_folder, tmp_pa
     assert process.returncode == 130, stderr
     assert summary['status'] == 'interrupted' and 1 <= summary['runs_finished'] < 50
     assert f"Interrupted: {summary['runs_finished']} of 50 runs finished" in stdout
-    log = torch.load(summary_path.parent / 'log.pt', weights_only=False)
-    assert log['status'] == 'interrupted' and len(log['runs']) == summary['runs_finished']
+    assert len(summary['runs']) == summary['runs_finished']
     assert 'Traceback' not in stderr
     assert not [p for p in summary_path.parent.iterdir() if '.tmp' in p.name]  # no half-written file
 
 
-def test_logs_are_replaced_atomically(ab94, tmp_path):
-    path = tmp_path / 'summary.json'
-    path.write_text('{"old": 1}')
+def test_logs_are_replaced_atomically(ab94, tmp_path, monkeypatch):
+    """A write of the log that fails (a full disk) leaves the previous log whole."""
+    monkeypatch.setattr(ab94, 'load_dataset', lambda *a, **k: tiny_dataset())
+    writes = []
 
-    def write_then_crash(temporary):
-        with open(temporary, 'w') as f:
-            f.write('{"new": ')
-        raise OSError('disk full')
-
-    with pytest.raises(OSError):
-        ab94.atomic_write(str(path), write_then_crash)
-    assert json.loads(path.read_text()) == {'old': 1}  # the previous log survives a failed write
-    assert list(tmp_path.iterdir()) == [path]  # and no temporary file is left
-    ab94.atomic_write(str(path), lambda temporary: pathlib.Path(temporary).write_text('{"new": 2}'))
-    assert json.loads(path.read_text()) == {'new': 2} and list(tmp_path.iterdir()) == [path]
+    class FullDisk:
+        @staticmethod
+        def dump(log, f, **kwargs):
+            writes.append(log['runs_finished'])
+            if len(writes) == 2:  # the second run's log
+                f.write('{"runs": ')
+                raise OSError(28, 'No space left on device')
+            json.dump(log, f, **kwargs)
+    monkeypatch.setattr(ab94, 'json', FullDisk)
+    with pytest.raises(OSError, match='No space left'):
+        ab94.main(['--runs', '2', '--seed', '5', '--log-dir', str(tmp_path), *TINY])
+    summary = json.loads((study_dir(tmp_path) / 'summary.json').read_text())
+    assert writes == [1, 2] and summary['runs_finished'] == 1 and summary['status'] == 'running'

@@ -8,9 +8,9 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
-from conftest import CPU, REPO, SCRIPTS, load_tool, tiny_dataset, top_level_names, with_hyp
+from conftest import (ALL_SCRIPTS, CPU, REPO, SCRIPTS, load_script, load_tool, tiny_dataset,
+                      top_level_names, with_hyp)
 
 shared = load_tool('shared_blocks')
 
@@ -77,3 +77,26 @@ def test_import_does_nothing_but_define(name):
                             cwd=REPO, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout == '' and result.stderr == ''
+
+
+def test_the_tail_needs_only_torch_and_torchvision():
+    """Below the banner: the standard library, torch, torchvision and its PIL, nothing of
+    studylib's (what only studies need lives there)."""
+    _, _, tail = shared.split(shared.read('airbench94'))
+    modules = set()
+    for node in ast.walk(ast.parse(tail)):
+        if isinstance(node, ast.Import):
+            modules |= {alias.name.split('.')[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            modules.add(node.module.split('.')[0])
+    assert modules - set(sys.stdlib_module_names) == {'torchvision', 'PIL'}, modules
+
+
+@pytest.mark.parametrize('name', ALL_SCRIPTS)
+def test_every_switch_of_every_hyp_has_its_choices(name):
+    """The tail checks a str or bool entry of hyp only against HYP_CHOICES: each must be there."""
+    script = load_script(name)
+    for group, entries in script.hyp.items():
+        for name, value in entries.items():
+            if isinstance(value, (str, bool)):
+                assert name in script.HYP_CHOICES and value in script.HYP_CHOICES[name]

@@ -8,7 +8,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from conftest import (CPU, FAKE_CUDA, NARROW_WIDTHS, load_script, needs_cpu_fp16_padding,
-                      needs_fake_cuda, record_compiled_graphs, summary_of, tiny_dataset, with_hyp)
+                      needs_fake_cuda, record_compiled_graphs, tiny_dataset, warm_up_as_on_cuda,
+                      with_hyp)
+
+load_script('study')  # puts the repository on the path
+from studylib.device import compiled_graph_count  # noqa: E402
 
 # Every 3x3 filter bank of the network, flattened to out_channels x (in_channels * 9): all wide.
 # The tests also take each one transposed (tall).
@@ -240,11 +244,11 @@ def test_compiled_orthogonalization_compiles_in_the_warmup_and_never_in_a_timed_
     monkeypatch.setattr(muon, 'Muon', CompiledMuon)
     torch._dynamo.reset()
     hyp = with_hyp(muon.hyp, opt__batch_size=16, opt__train_epochs=1)
-    before = muon.compiled_graph_count()
+    before = compiled_graph_count()
     net = muon.train(tiny_dataset(), hyp, CPU, 'fp32', seed=0, epoch_eval=False)['net']
-    warmup = muon.compiled_graph_count() - before
+    warmup = compiled_graph_count() - before
     muon.train(tiny_dataset(), hyp, CPU, 'fp32', seed=1, net=net, epoch_eval=False)
-    assert (warmup, muon.compiled_graph_count() - before) == (4, 4)
+    assert (warmup, compiled_graph_count() - before) == (4, 4)
     compiled = CompiledMuon([nn.Parameter(torch.ones(2, 1, 3, 3))], 0.1, 0.6, 3, torch.float32)
     with torch.no_grad():  # as in Muon.step
         for matrix in random_filter_matrices(trials=1):
@@ -252,7 +256,7 @@ def test_compiled_orthogonalization_compiles_in_the_warmup_and_never_in_a_timed_
                 matrix = matrix.float()
                 assert torch.allclose(compiled.orthogonalize(matrix, 3, torch.float32),
                                       muon.orthogonalize(matrix, 3, torch.float32), atol=1e-5)
-    assert muon.compiled_graph_count() - before == 4
+    assert compiled_graph_count() - before == 4
 
 
 def test_cuda_compilation_compiles_whole_network_graphs_all_in_the_warmup(muon, monkeypatch,
@@ -266,13 +270,12 @@ def test_cuda_compilation_compiles_whole_network_graphs_all_in_the_warmup(muon, 
     torch._dynamo.reset()  # graphs of earlier tests would count toward dynamo's recompile limit
     monkeypatch.setattr(muon, 'compiles', lambda device: True)
     graphs = record_compiled_graphs(monkeypatch)
+    warmed = warm_up_as_on_cuda(monkeypatch, muon, graphs)
     monkeypatch.setattr(muon, 'load_dataset', lambda *args, **kwargs: tiny_dataset(per_class=32))
     assert muon.main(['--runs', '1', '--seed', '0', '--hyp', 'opt.batch_size=32', '--epochs', '2',
                       '--hyp', 'opt.whiten_bias_epochs=1', '--device', 'cpu', '--precision',
                       'fp32', '--log-dir', str(tmp_path)]) == 0
-    summary = summary_of(tmp_path)
-    assert summary['graphs_compiled_in_warmup'] == len(graphs) == 8
-    assert summary['runs'][0]['graphs_compiled_since_warmup'] == 0
+    assert warmed == [len(graphs)] and len(graphs) == 8  # none compiled in the timed run
     images = [[shape for shape in shapes if shape[1:] == (3, 32, 32)] for shapes in graphs]
     network = [batch[0][0] for batch in images if len(batch) == 1]
     assert sorted(network) == [32, 32, 64, 64]  # training batches, the 64 test images

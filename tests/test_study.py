@@ -354,7 +354,7 @@ BAD_INPUT = [  # study.py's flags, the script's (after the tiny training's), the
     (['airbench94', '--config', 'a', 'opt.learning_rate=1'], [],
      '--config a: no hyperparameter opt.learning_rate (opt has train_epochs, batch_size,'),
     (['airbench94', '--config', 'a', 'aug.flip=sideways'], [],
-     "--config a: --hyp aug.flip takes 'alternating', 'random' or 'none'"),
+     "--config a: --hyp aug.flip takes one of ('alternating', 'random', 'none'), not 'sideways'"),
     (['airbench94', '--config', 'opt.lr=1'], [],
      '--config opt.lr=1: a configuration starts with its NAME'),
     (['airbench94', '--train-subset', '1.5'], [], '--train-subset is a fraction'),
@@ -362,9 +362,13 @@ BAD_INPUT = [  # study.py's flags, the script's (after the tiny training's), the
     (['airbench94', '--val-split', '384'], [],
      '--val-split 384 leaves none of the 384 training images to train on'),
     (['airbench94'], ['--seed', '3'], '--seed after -- is for the script alone'),
-    (['airbench94'], ['--epochs', '-1'],
-     'the flags after -- are not valid for the script: --epochs must be a positive number'),
-    (['airbench94'], ['--hyp', 'opt.lr'], 'the flags after --: --hyp takes KEY=VALUE'),
+    (['airbench94'], ['--epochs', '-1'], '--epochs must be a positive number, not -1.0'),
+    (['airbench94'], ['--hyp', 'opt.lr'], "'opt.lr' is not KEY=VALUE (for example opt.lr=10)"),
+    (['airbench94'], ['--dataset', 'imagenet'],
+     "the flags after -- are not valid: argument --dataset: invalid choice: 'imagenet'"),
+    (['airbench94'], ['--device', 'toaster'], "--device 'toaster' is not a device"),
+    (['airbench94'], ['--bogus'], 'the flags after -- are not valid: unrecognized arguments: '
+     '--bogus'),
 ]
 
 

@@ -163,13 +163,26 @@ BAD_CONFIGS = [  # study.py's flags, the message
     (['--config', 'mine', 'nowhere/copy.py'], 'nowhere/copy.py: no such file'),
     (['--config', 'mine', 'EMPTY'], 'lacks hyp, train, build_net'),
     (['--grid', 'opt.learning_rate=1,2'], 'no hyperparameter opt.learning_rate'),
-    (['--grid', 'aug.flip=random,sideways'], "--hyp aug.flip takes 'alternating'"),
+    (['--grid', 'aug.flip=random,sideways'], "--hyp aug.flip takes one of ('alternating'"),
     (['--grid', 'opt.lr=1,1'], '--grid opt.lr: a value is given twice'),
     (['--grid', 'opt.lr'], '--grid opt.lr: give KEY=V1,V2,...'),
     (['--grid', 'net.widths={1:2},3'], 'is not a number or a word'),
-    (['--grid', 'opt.train_epochs=1,2', '--', '--epochs', '2'],
-     'opt.train_epochs=1 and --epochs 2 after -- both set the epochs; drop --epochs'),
 ]
+
+
+def test_the_flags_after_the_separator_then_the_overrides_set_hyp_in_that_order():
+    """One owner, one order: the script's hyp, --epochs N as opt.train_epochs=N, each --hyp, then
+    the configuration's overrides; a later one wins, and none is refused for another."""
+    from studylib.hyp import config_hyp, parse_flags
+    hyp = load_script('airbench94').hyp
+
+    def epochs(flags, overrides=()):
+        return config_hyp(hyp, parse_flags(flags), overrides)['opt']['train_epochs']
+    assert epochs([]) == hyp['opt']['train_epochs']
+    assert epochs(['--epochs', '2']) == 2
+    assert epochs(['--epochs', '2', '--hyp', 'opt.train_epochs=3']) == 3
+    assert epochs(['--hyp', 'opt.train_epochs=3', '--epochs', '2']) == 3  # --epochs comes first
+    assert epochs(['--epochs', '2', '--hyp', 'opt.train_epochs=3'], ['opt.train_epochs=4']) == 4
 
 
 @pytest.mark.parametrize('flags, message', BAD_CONFIGS)

@@ -21,7 +21,9 @@ import studylib.scripts  # noqa: E402
 from studylib import cli  # noqa: E402
 from studylib.config import Config, Study, as_json  # noqa: E402
 from studylib.errors import StudyError  # noqa: E402
-from studylib.scripts import config_hyp, open_script  # noqa: E402
+from studylib.data import load_dataset  # noqa: E402
+from studylib.hyp import config_hyp, parse_flags  # noqa: E402
+from studylib.scripts import open_script  # noqa: E402
 from studylib.scripts import load_script as load_study_script  # noqa: E402
 
 STAND_IN = os.path.join(REPO, 'tests', 'stand_in_script.py')
@@ -36,7 +38,7 @@ def test_the_stand_in_study_gives_the_figures_of_its_curve(study_main, image_fol
     assert study_main([STAND_IN, '--runs', '5', '--study-dir', str(study_dir), '--save-logits',
                        '--seed', '3', '--grid', 'opt.train_epochs=5,10', '--', *QUICK,
                        '--hyp', 'curve.noise=0.03', '--data-dir', image_folder]) == 0
-    labels = stand_in.load_dataset('folder', image_folder)['test']['labels']
+    labels = load_dataset('folder', image_folder)['test']['labels']
     found = records(study_dir)
     assert sorted(found) == [(f'train_epochs={e}', run) for e in (10, 5) for run in range(5)]
     for (config, run), record in found.items():
@@ -126,10 +128,10 @@ def test_a_study_made_by_the_study_py_of_before_opens_and_continues(study_main, 
                                   'data']]
     before = {key: json.dumps(record, sort_keys=True) for key, record in records(study_dir).items()}
     # its airbench94 is that of its commit: give it today's code and hyp, the format kept
-    script = open_script('airbench94', [*training(), '--data-dir', image_folder])
+    script, flags = open_script('airbench94'), parse_flags([*training(), '--data-dir', image_folder])
     for name, config in saved['configs'].items():
         config['script_sha256'] = script.sha256
-        config['hyp'] = as_json(config_hyp(script.module, script.args, config['overrides']))
+        config['hyp'] = as_json(config_hyp(script.module.hyp, flags, config['overrides']))
     (study_dir / 'study.json').write_text(json.dumps(saved))
     assert study_main(['airbench94', '--runs', '3', '--study-dir', str(study_dir), *configs, '--',
                        *training(), '--data-dir', image_folder]) == 0
@@ -170,20 +172,18 @@ def test_a_copy_that_defines_only_its_method_trains_as_the_script(study_main, im
 
 
 @pytest.mark.parametrize('removed, missing', [
-    ('def infer(', 'infer'), ('def source_seeds(', 'source_seeds'),
-    ('"""', 'a module docstring (the first line of its --help)')])
+    ('def infer(', 'infer'), ('def source_seeds(', 'source_seeds')])
 def test_a_copy_with_less_than_its_method_is_refused_naming_what_it_lacks(
         removed, missing, study_main, image_folder, tmp_path, capsys):
     source = above_the_banner(open(STAND_IN).read())
     copy = tmp_path / 'less.py'
-    copy.write_text(source.replace(removed, '# ' + removed.replace('"', "'"), 1)
-                    if removed != '"""' else source[source.index('"""', 3) + 3:])
+    copy.write_text(source.replace(removed, '# ' + removed, 1))
     assert study_main([str(copy), '--runs', '1', '--study-dir', str(tmp_path / 'study'), '--',
                        *QUICK, '--data-dir', image_folder]) == 1
     (line,) = capsys.readouterr().err.splitlines()
-    assert line.startswith(f'error: {copy} lacks {missing}, which study.py needs: a copy defines '
-                           'its method (hyp, train, build_net, infer, CifarLoader, source_seeds, '
-                           'EVAL_BATCH_SIZE')
+    assert line == (f'error: {copy} lacks {missing}, which study.py needs: a copy defines the '
+                    'method (hyp, train, build_net, infer, CifarLoader, source_seeds: a script\'s '
+                    'part above the banner), and needs nothing below it')
     assert not (tmp_path / 'study').exists()
 
 
@@ -277,3 +277,19 @@ def test_a_report_that_fails_leaves_the_outcome_and_closes_the_lock(
         'command continues the study.']
     with open(study_dir / 'study.lock', 'w') as lock:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def test_studylib_meets_a_script_only_through_its_method():
+    """Every use of a loaded script's module in the engine is one of METHOD_API: nothing below a
+    script's banner, so a copy of the method alone is enough and the data and device are the
+    study's."""
+    import ast
+    import glob
+    from studylib.scripts import METHOD_API
+    used = set()
+    for path in glob.glob(os.path.join(REPO, 'studylib', '*.py')):
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) and \
+                    node.value.attr == 'module':
+                used.add(node.attr)
+    assert used and used <= set(METHOD_API), used - set(METHOD_API)

@@ -226,25 +226,25 @@ def test_training_samples_with_replacement(ab94, monkeypatch):
 
 
 @pytest.mark.parametrize('setting, message', [
-    ('opt.sampling=sometimes', "--hyp opt.sampling takes 'reshuffle' or 'replacement'"),
-    ('net.whiten=no', '--hyp net.whiten takes True or False'),
-    ('net.identity_init=2', '--hyp net.identity_init takes True or False'),
-    ('opt.lookahead_every=-5', '--hyp opt.lookahead_every takes a whole number of steps'),
-    ('opt.lookahead_every=2.5', '--hyp opt.lookahead_every takes a whole number of steps'),
-    ('opt.lookahead_every=often', '--hyp opt.lookahead_every takes a whole number of steps'),
-    ('aug.flip=sideways', "--hyp aug.flip takes 'alternating', 'random' or 'none'"),
-    ('net.tta_level=3', '--hyp net.tta_level takes 0, 1 or 2'),
+    ('opt.sampling=sometimes', "--hyp opt.sampling takes one of ('reshuffle', 'replacement')"),
+    ('net.whiten=no', '--hyp net.whiten takes one of (True, False)'),
+    ('net.identity_init=2', '--hyp net.identity_init takes one of (True, False)'),
+    ('opt.lookahead_every=-5', '--hyp opt.lookahead_every takes a whole number from 0 to inf'),
+    ('opt.lookahead_every=2.5', '--hyp opt.lookahead_every takes a whole number from 0 to inf'),
+    ('opt.lookahead_every=often', '--hyp opt.lookahead_every takes a whole number from 0 to inf'),
+    ('aug.flip=sideways', "--hyp aug.flip takes one of ('alternating', 'random', 'none')"),
+    ('net.tta_level=3', '--hyp net.tta_level takes one of (0, 1, 2)'),
 ])
 def test_values_a_switch_cannot_honour_are_refused(paper_script, setting, message):
     with pytest.raises(ValueError, match=re.escape(message)):
-        paper_script.study_hyp(paper_script.parse_args(['--hyp', setting]))
+        paper_script.hyp_with_flags(paper_script.parse_args(['--hyp', setting]))
 
 
 def test_every_switch_value_is_accepted(ab94):
     settings = ['net.whiten=False', 'net.identity_init=False', 'opt.bias_scaler=1',
                 'opt.lookahead_every=0', 'opt.sampling=replacement', 'aug.flip=random',
                 'net.tta_level=1']
-    run_hyp = ab94.study_hyp(ab94.parse_args([arg for s in settings for arg in ('--hyp', s)]))
+    run_hyp = ab94.hyp_with_flags(ab94.parse_args([a for s in settings for a in ('--hyp', s)]))
     opt, aug, arch = run_hyp['opt'], run_hyp['aug'], run_hyp['net']
     assert (arch['whiten'], arch['identity_init'], opt['bias_scaler'], opt['lookahead_every'],
             opt['sampling'], aug['flip'], arch['tta_level']) == (False, False, 1, 0, 'replacement',
@@ -259,7 +259,7 @@ def test_validation_checks_only_the_keys_a_scripts_hyp_has(ab94, monkeypatch):
                        ('net', 'identity_init')):
         del bare[group][key]
     monkeypatch.setattr(ab94, 'hyp', bare)
-    assert ab94.study_hyp(ab94.parse_args([])) == bare
+    assert ab94.hyp_with_flags(ab94.parse_args([])) == bare
 
 
 def test_airbench94_hiverges_switches_tta_fraction_and_jitter(monkeypatch):
@@ -267,10 +267,10 @@ def test_airbench94_hiverges_switches_tta_fraction_and_jitter(monkeypatch):
     own: net.tta_fraction 0 is plain evaluation (each test image evaluated once), aug.brightness
     and aug.contrast 0 turn the jitter off."""
     hiverge = load_script('airbench94_hiverge')
-    for setting, message in (('net.tta_level=3', '--hyp net.tta_level takes 0, 1 or 2'),
-                             ('aug.flip=sideways', "--hyp aug.flip takes 'alternating', 'random'")):
+    for setting, message in (('net.tta_level=3', '--hyp net.tta_level takes one of (0, 1, 2)'),
+                             ('aug.flip=sideways', "--hyp aug.flip takes one of ('alternating'")):
         with pytest.raises(ValueError, match=re.escape(message)):
-            hiverge.study_hyp(hiverge.parse_args(['--hyp', setting]))
+            hiverge.hyp_with_flags(hiverge.parse_args(['--hyp', setting]))
     jitters = spy(monkeypatch, hiverge, 'batch_brightness_contrast')
     net = hiverge.build_net({**hiverge.hyp['net'], 'widths': {'block1': 8, 'block2': 8,
                                                               'block3': 8}}, 2, CPU, 'fp32')
@@ -279,7 +279,8 @@ def test_airbench94_hiverges_switches_tta_fraction_and_jitter(monkeypatch):
         len(inputs[0])))
     for settings, jittered in (([], True), (['net.tta_fraction=0', 'aug.brightness=0',
                                              'aug.contrast=0'], False)):
-        run_hyp = hiverge.study_hyp(hiverge.parse_args([a for s in settings for a in ('--hyp', s)]))
+        run_hyp = hiverge.hyp_with_flags(hiverge.parse_args([a for s in settings
+                                                             for a in ('--hyp', s)]))
         jitters.clear(), evaluated.clear()
         hiverge.train(tiny_dataset(), with_hyp(run_hyp, opt__batch_size=32, opt__train_epochs=2),
                       CPU, 'fp32', 0, net=net, epoch_eval=False)

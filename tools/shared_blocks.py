@@ -37,7 +37,7 @@ SHARED_BEYOND_REFERENCE = {
     'compiles': ['airbench94_muon', 'airbench94_hiverge'],
 }
 BANNER_PHRASE = 'identical in all the airbench scripts'
-LIMITS = {'method': 400, 'whole': 745}  # airbench94.py's, in lines (the method-first issue)
+LIMITS = {'method': 380, 'whole': 565}  # airbench94.py's, in lines (docs/layout.md)
 
 
 def read(name):

@@ -24,12 +24,12 @@ import os
 import resource
 import statistics
 import sys
-import time
 
 import torch
 import torch.nn as nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from studylib.device import keep_freed_memory_in_process, resolve_device_precision  # noqa: E402
 
 
 def build(module, device, precision, batch_size):
@@ -148,7 +148,7 @@ def main():
     parser.add_argument('--frozen-bias', action='store_true')
     parser.add_argument('--profile', action='store_true')
     parser.add_argument('--glibc-malloc-defaults', action='store_true',
-                        help="skip keep_freed_memory_in_process (glibc's defaults)")
+                        help="skip studylib's keep_freed_memory_in_process (glibc's defaults)")
     parser.add_argument('--newton-schulz', metavar='DTYPES', help="a Muon script's "
                         'orthogonalization of one step instead, in each dtype (e.g. '
                         'bfloat16,float32), per --mode')
@@ -157,9 +157,9 @@ def main():
     module = importlib.import_module(args.script)
     if args.script == 'airbench94_compiled':
         parser.error('use --script airbench94 --mode compiled: this tool compiles per --mode')
-    device, precision = module.resolve_device_precision(args.device, args.precision)
+    device, precision = resolve_device_precision(args.device, args.precision)
     if not args.glibc_malloc_defaults:
-        module.keep_freed_memory_in_process()
+        keep_freed_memory_in_process()
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=(precision == 'bf16'))
     modes = ['eager', 'compiled'] if args.mode == 'both' else args.mode.split(',')
     unknown = [mode for mode in modes if mode not in MODES]

@@ -134,11 +134,16 @@ def synthetic_dataset(train, test):
 
 
 def warmup_and_run_graphs(name):
-    """[graphs compiled in the warmup, in the timed run] of the script's main(): 2 batches of 32
-    per epoch, 4 epochs (across the whitening-bias freeze), 200 test images (one evaluation batch
-    size, as CIFAR-10's 10,000 in batches of 2000)."""
+    """[graphs compiled in the warmup, in the timed run] as a study trains the script: a warmup on
+    studylib's dummy data, then a run on the synthetic data; 2 batches of 32 per epoch, 4 epochs
+    (across the whitening-bias freeze), 200 test images (one evaluation batch size, as CIFAR-10's
+    10,000 in batches of 2000)."""
+    import copy
     import importlib.util
     import torch
+    sys.path.insert(0, REPO)
+    from studylib.data import dummy_dataset
+    from studylib.device import compiled_graph_count
     torch._dynamo.reset()
     spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, f'{name}.py'))
     script = importlib.util.module_from_spec(spec)
@@ -148,16 +153,14 @@ def warmup_and_run_graphs(name):
                                                                         **kwargs)
     if hasattr(script, 'compiles'):  # compiled on CUDA only: the CUDA path's decision
         script.compiles = lambda device: True
-    script.load_dataset = lambda *args, **kwargs: synthetic_dataset(64, 200)
-    with tempfile.TemporaryDirectory() as log_dir:
-        code = script.main(['--runs', '1', '--seed', '0', '--hyp', 'opt.batch_size=32', '--epochs',
-                            '4', '--device', 'cpu', '--precision', 'fp32', '--log-dir', log_dir])
-        (run_dir,) = os.listdir(log_dir)
-        with open(os.path.join(log_dir, run_dir, 'summary.json')) as f:
-            summary = json.load(f)
-    assert code == 0, f'{name} exited with {code}'
-    counts = [summary['graphs_compiled_in_warmup'],
-              summary['runs'][0]['graphs_compiled_since_warmup']]
+    hyp, cpu = copy.deepcopy(script.hyp), torch.device('cpu')
+    hyp['opt'].update(batch_size=32, train_epochs=4)
+    data, net = synthetic_dataset(64, 200), script.build_net(hyp['net'], 2, cpu, 'fp32')
+    counts = []
+    for run_data in (dummy_dataset(script.infer, 2, 32, 200, cpu), data):
+        before = compiled_graph_count()
+        script.train(run_data, hyp, cpu, 'fp32', 0, net)
+        counts.append(compiled_graph_count() - before)
     return counts if counts != [0, 0] or hasattr(script, 'compiles') else None  # None: CUDA only
 
 

@@ -1,0 +1,167 @@
+"""A study's data: CIFAR-10, CIFAR-100 and SVHN in torchvision's layout (downloaded when absent) or
+any image folder of 32x32 images, decoded once into a tensor cache beside it, with the fingerprint
+that every process of a study compares; and the dummy data of the warmup."""
+import hashlib
+import inspect
+import io
+import os
+
+import torch
+
+from .errors import StudyError
+from .files import atomic_write
+
+CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+DATASETS = ('cifar10', 'cifar100', 'svhn', 'folder')
+CACHE_VERSION = 2  # a cache of another version is rebuilt
+
+
+def read_image(path):
+    from PIL import Image  # torchvision's dependency
+    try:
+        with Image.open(path) as image:
+            image = image.convert('RGB')
+    except Exception as error:
+        raise StudyError(f'{path} could not be read as an image ({error}). Remove or replace it.')
+    if image.size != (32, 32):
+        raise StudyError(f'{path} is {image.size[0]}x{image.size[1]} pixels, but these scripts '
+                         'train on 32x32 images and do not resize silently. Resize them first.')
+    return torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8).view(32, 32, 3)
+
+
+def read_split(data_dir, split):
+    """(images, labels, classes) of data_dir/split/<class>/<image>."""
+    from torchvision.datasets import ImageFolder
+    try:
+        folder = ImageFolder(os.path.join(data_dir, split), loader=read_image)
+    except FileNotFoundError as error:  # no class directories, or one without images
+        raise StudyError(f'{os.path.join(data_dir, split)}: {error} Expected the layout '
+                         '<split>/<class>/<image>.') from None
+    images = torch.stack([read_image(path) for path, _ in folder.samples])
+    return images, torch.tensor(folder.targets), folder.classes
+
+
+def read_image_folder(data_dir, train_splits):
+    """The training splits of data_dir (concatenated) and its test/, all with the same classes."""
+    splits = {split: read_split(data_dir, split) for split in [*train_splits, 'test']}
+    first = train_splits[0]
+    for split, (_, _, classes) in splits.items():
+        if classes != splits[first][2]:
+            ours, theirs = set(classes), set(splits[first][2])
+            raise StudyError(f'{data_dir}: {first}/ and {split}/ have different class directories '
+                             f'(only in {first}: {sorted(theirs - ours)}; only in {split}: '
+                             f'{sorted(ours - theirs)}). All splits need the same classes.')
+    return {'train': {'images': torch.cat([splits[s][0] for s in train_splits]),
+                      'labels': torch.cat([splits[s][1] for s in train_splits])},
+            'test': {'images': splits['test'][0], 'labels': splits['test'][1]},
+            'classes': splits['test'][2]}
+
+
+def read_torchvision_dataset(name, data_dir, download):
+    import torchvision
+    data = {}
+    for split in ('train', 'test'):
+        if name == 'svhn':
+            dataset = torchvision.datasets.SVHN(data_dir, split=split, download=download)
+            images, labels = torch.from_numpy(dataset.data).permute(0, 2, 3, 1), dataset.labels
+        else:
+            dataset = getattr(torchvision.datasets, name.upper())(data_dir, split == 'train',
+                                                                  download=download)
+            images, labels = torch.from_numpy(dataset.data), dataset.targets
+        data[split] = {'images': images.contiguous(), 'labels': torch.as_tensor(labels).long()}
+    return {**data, 'classes': list(map(str, range(10))) if name == 'svhn' else dataset.classes}
+
+
+def source_of(name, data_dir, splits):
+    """What a cache must have been made from: the dataset, the splits and, for an image folder,
+    its file count, total size and latest change (a folder that changed is decoded again)."""
+    folder = all(os.path.isdir(os.path.join(data_dir, split)) for split in splits)
+    files = [os.stat(os.path.join(root, file)) for split in splits if folder
+             for root, _, names in os.walk(os.path.join(data_dir, split)) for file in names]
+    return dict(version=CACHE_VERSION, dataset=name, train_splits=splits[:-1], fingerprint=[
+        len(files), sum(f.st_size for f in files), max((f.st_mtime_ns for f in files), default=0)]
+                if folder else None)
+
+
+def read_cache(cache_path, source, log):
+    """The cached data if it was made from source, else None (saying why)."""
+    if not os.path.exists(cache_path):
+        return None
+    try:
+        data = torch.load(cache_path, map_location='cpu', weights_only=True)
+    except Exception as error:
+        log(f'The tensor cache {cache_path} is unreadable ({error}); rebuilding it.')
+        return None
+    stale = [key for key, value in source.items() if data.get(key) != value]
+    if stale:
+        log(f'The tensor cache {cache_path} does not match this data ({", ".join(stale)} '
+            'differ); rebuilding it.')
+        return None
+    return data
+
+
+def write_cache(cache_path, data, log):
+    buffer = io.BytesIO()
+    torch.save(data, buffer)
+    try:
+        os.makedirs(os.path.dirname(cache_path), exist_ok=True)
+        atomic_write(cache_path, buffer.getvalue())
+    except (OSError, StudyError) as error:  # a full disk or a read-only directory: go on without
+        log(f'Could not write the tensor cache {cache_path} ({error}); continuing without it.')
+
+
+def load_dataset(name, data_dir, train_splits=('train',), download=True, log=print):
+    """{'train': {'images': uint8 (N, 32, 32, 3), 'labels'}, 'test', 'classes', 'mean', 'std'} from
+    data_dir's tensor cache where it matches, else from its image-folder or torchvision layout
+    (downloaded when absent), then cached. mean, std: CIFAR-10's constants, else the training
+    set's own."""
+    cache_path, splits = os.path.join(data_dir, 'airbench_cache.pt'), [*train_splits, 'test']
+    source = source_of(name, data_dir, splits)
+    data = read_cache(cache_path, source, log)
+    if data is not None:
+        return data
+    if source['fingerprint'] is not None:
+        log(f'Decoding the image-folder dataset in {data_dir} (done once, then cached) ...')
+        data = read_image_folder(data_dir, list(train_splits))
+    elif name == 'folder':
+        raise StudyError(f'{os.path.abspath(data_dir)} is not in the image-folder layout: it needs '
+                         f'the subdirectories {", ".join(s + "/" for s in splits)} each holding '
+                         'one directory of 32x32 images per class. Point --data-dir at one.')
+    else:
+        try:
+            data = read_torchvision_dataset(name, data_dir, download)
+        except Exception as error:
+            raise StudyError(
+                f'No {name} dataset found in {os.path.abspath(data_dir)} and it could not be '
+                f'downloaded ({type(error).__name__}: {error}). Run once with network access (it '
+                f"is downloaded there), or put torchvision's files for {name} there, or point "
+                '--data-dir at an image-folder layout: train/<class>/*, test/<class>/* images.'
+            ) from None
+    pixels = data['train']['images'].reshape(-1, 3).double() / 255
+    data['mean'], data['std'] = ((CIFAR10_MEAN, CIFAR10_STD) if name == 'cifar10' else
+                                 (tuple(pixels.mean(0).tolist()), tuple(pixels.std(0).tolist())))
+    data.update(source)
+    write_cache(cache_path, data, log)
+    return data
+
+
+def data_fingerprint(data):
+    """SHA-256 of the images and labels: processes that differ in it see different data."""
+    digest = hashlib.sha256()
+    for split in ('train', 'test'):
+        for key in ('images', 'labels'):
+            digest.update(data[split][key].cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def dummy_dataset(infer, num_classes, batch_size, num_test, device):
+    """Random data for a warmup: two training batches, and test batches of the sizes that the
+    evaluated split's take in infer (one full batch of infer's default size, and the rest)."""
+    eval_batch = inspect.signature(infer).parameters['batch_size'].default
+
+    def split(n):
+        return {'images': torch.randint(0, 256, (n, 32, 32, 3), dtype=torch.uint8, device=device),
+                'labels': torch.randint(0, num_classes, (n,), device=device)}
+    full_batch = eval_batch if num_test >= eval_batch else 0
+    return {'train': split(2 * batch_size), 'test': split(full_batch + num_test % eval_batch),
+            'classes': list(range(num_classes)), 'mean': CIFAR10_MEAN, 'std': CIFAR10_STD}

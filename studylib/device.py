@@ -1,0 +1,59 @@
+"""A study's device: the device and precision its flags name, how this process sets it up, and
+what torch.compile has compiled on it."""
+import ctypes
+import os
+import sys
+
+import torch
+
+from .errors import StudyError
+
+
+def resolve_device_precision(device_name, precision):
+    """(torch.device, precision) for --device and --precision; auto is CUDA where present, and
+    fp16 on CUDA, bf16 on a CPU with native bf16, else fp32 (bf16 without it is several times
+    slower than fp32)."""
+    try:
+        device = torch.device(device_name.replace('auto', 'cuda' if torch.cuda.is_available()
+                                                  else 'cpu'))
+    except RuntimeError:
+        raise StudyError(f'--device {device_name!r} is not a device; use auto, cpu, cuda or '
+                         'cuda:N') from None
+    if device.type == 'cuda' and not torch.cuda.is_available():
+        raise StudyError(f'--device {device_name} asks for CUDA, but this torch '
+                         f'({torch.__version__}) sees no CUDA device; use --device cpu or auto.')
+    if precision == 'auto':
+        native_bf16 = device.type == 'cpu' and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+        precision = 'fp16' if device.type == 'cuda' else 'bf16' if native_bf16 else 'fp32'
+    return device, precision
+
+
+def keep_freed_memory_in_process():
+    """Make glibc's malloc keep freed memory: by default each CPU training step would page-fault
+    and zero-fill its large activations anew (docs/cpu.md, "Speed"). False without glibc."""
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt, _ = libc.mallopt, libc.gnu_get_libc_version  # both exist only in glibc
+    except (OSError, AttributeError):
+        return False
+    M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # from glibc's malloc.h
+    return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
+
+
+def prepare_device(device, deterministic):
+    """This process's device for training: selected, cuDNN's autotuner on unless runs must repeat
+    bitwise, and the allocator kept from returning memory (the CPU's steps; harmless beside a
+    GPU)."""
+    if device.type == 'cuda':
+        torch.cuda.set_device(device)
+    torch.backends.cudnn.benchmark = not deterministic
+    if deterministic:
+        os.environ.setdefault('CUBLAS_WORKSPACE_CONFIG', ':4096:8')
+        torch.use_deterministic_algorithms(True)
+    keep_freed_memory_in_process()
+
+
+def compiled_graph_count():
+    """Graphs torch.compile has compiled in this process (0 where nothing is compiled)."""
+    dynamo_utils = sys.modules.get('torch._dynamo.utils')
+    return dynamo_utils.counters['stats']['unique_graphs'] if dynamo_utils else 0

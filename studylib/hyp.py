@@ -1,0 +1,140 @@
+"""The flags after -- (the data, the device and the hyp of every configuration) and each
+configuration's hyp: the script's, then --epochs N as opt.train_epochs=N, then each --hyp, then
+the configuration's overrides, in that order (a later one wins), every value checked."""
+import argparse
+import ast
+import contextlib
+import copy
+import io
+import math
+
+from .data import DATASETS
+from .errors import StudyError
+
+# The scripts' own rules (their HYP_CHOICES and HYP_RANGES, which tests/test_errors.py holds to
+# these): a switch's values, and the inclusive range of a number by its key's name (widths: each
+# block's); any other number keeps the sign of hyp's.
+HYP_CHOICES = {'flip': ('alternating', 'random', 'none'), 'tta_level': (0, 1, 2),
+               'whiten': (True, False), 'sampling': ('reshuffle', 'replacement'),
+               'identity_init': (True, False), 'convs_per_block': (2, 3)}
+HYP_RANGES = {
+    **dict.fromkeys(['batch_size', 'widths', 'renorm_every', 'step_every', 'newton_schulz_steps',
+                     'whiten_images'], (1, math.inf)), 'cutout': (0, 32), 'translate': (0, 31),
+    **dict.fromkeys(['label_smoothing', 'batchnorm_momentum', 'tta_fraction', 'masked_fraction',
+                     'lr_peak_fraction'], (0, 1)), 'train_epochs': (0.001, math.inf),
+    **dict.fromkeys(['momentum', 'filter_momentum'], (0, 0.999))}
+
+FOR_STUDY_PY = {'runs': '--runs', 'seed': '--seed', 'log_dir': '--log-dir'}
+
+
+class FlagParser(argparse.ArgumentParser):
+    def error(self, message):
+        raise StudyError(f'the flags after -- are not valid: {message}')
+
+
+def flag_parser():
+    parser = FlagParser(prog='study.py ... --', add_help=False)
+    add = parser.add_argument
+    add('--dataset', default='cifar10', choices=DATASETS,
+        help='folder: any image-folder dataset; the others also from their torchvision layout')
+    add('--data-dir', default='data/DATASET', help='an image folder (train/<class>/*, '
+        "test/<class>/*) or torchvision's layout (downloaded when absent); cached as tensors")
+    add('--train-splits', default='train', help='image-folder splits to train on, e.g. train,valid')
+    add('--device', default='auto', help='auto (CUDA if present), cpu, cuda, cuda:1, ...')
+    add('--precision', default='auto', choices=['auto', 'fp16', 'bf16', 'fp32'])
+    add('--epochs', type=float, help='the same as --hyp opt.train_epochs=EPOCHS, applied first')
+    add('--hyp', action='append', default=[], metavar='KEY=VALUE')
+    add('--epoch-eval', action=argparse.BooleanOptionalAction, default=True, help='untimed')
+    add('--warmup', action=argparse.BooleanOptionalAction, default=True, help='untimed, dummy data')
+    add('--deterministic', action='store_true', help='CUDA: a seed repeats a run bitwise (slower)')
+    for flag in FOR_STUDY_PY.values():
+        add(flag, help=argparse.SUPPRESS)
+    return parser
+
+
+def parse_flags(flags):
+    """The flags after --, refused when they are study.py's own or not valid."""
+    args = flag_parser().parse_args(flags)
+    for key, flag in FOR_STUDY_PY.items():
+        if getattr(args, key) is not None:
+            raise StudyError(f'{flag} after -- is for the script alone; study.py has its own '
+                             f'(--runs, --seed before --) and writes to --study-dir')
+    if args.dataset == 'folder' and args.data_dir == 'data/DATASET':
+        raise StudyError('--dataset folder needs --data-dir DIR (a directory with train/ and '
+                         'test/)')
+    args.data_dir = args.data_dir.replace('DATASET', args.dataset)
+    if args.epochs is not None and not (args.epochs > 0 and math.isfinite(args.epochs)):
+        raise StudyError(f'--epochs must be a positive number, not {args.epochs}')
+    return args
+
+
+def are_flags(flags):
+    """Whether flags are all flags of the part after --."""
+    with contextlib.suppress(StudyError), contextlib.redirect_stderr(io.StringIO()):
+        flag_parser().parse_args(flags)
+        return True
+    return False
+
+
+def check_number(key, name, value, default):
+    """A number where hyp has one: whole where hyp's is (but epochs), finite, in HYP_RANGES."""
+    whole = type(default) is int and not name.endswith('epochs')
+    low, high = HYP_RANGES.get(name, (0, math.inf) if default >= 0 else (-math.inf, 0))
+    if type(value) not in ((int,) if whole else (int, float)) or not (
+            math.isfinite(value) and low <= value <= high):
+        raise StudyError(f'--hyp {key} takes {"a whole number" if whole else "a number"} from '
+                         f'{low} to {high}, not {value!r}')
+
+
+def check_hyp(value, default, path=()):
+    """Refuse, before any training, a value unlike hyp's own (its type, a dict's keys, a tuple's
+    length) or outside HYP_CHOICES and HYP_RANGES; path: the keys from hyp down to value."""
+    key, kind, name = '.'.join(map(str, path)), type(default), next(
+        (part for part in reversed(path[:2]) if isinstance(part, str)), '')
+    if kind in (dict, tuple) and (type(value) is not kind or len(value) != len(default) or
+                                  kind is dict and value.keys() != default.keys()):
+        raise StudyError(f'--hyp {key} takes a value like {default!r}, not {value!r}')
+    if kind in (dict, tuple):
+        for part in default if kind is dict else range(len(default)):
+            check_hyp(value[part], default[part], (*path, part) if kind is dict else path)
+    elif name in HYP_CHOICES and value not in HYP_CHOICES[name]:
+        raise StudyError(f'--hyp {key} takes one of {HYP_CHOICES[name]}, not {value!r}')
+    elif kind in (int, float):
+        check_number(key, name, value, default)
+    elif kind in (str, bool) and type(value) is not kind:
+        raise StudyError(f'--hyp {key} takes a value like {default!r}, not {value!r}')
+
+
+def set_value(hyp, text):
+    """Set KEY=VALUE in hyp (KEY: GROUP.NAME, at any depth; VALUE a Python literal, or a word
+    such as 'random' as a string), refusing a key hyp does not have, naming the keys there are."""
+    key, sep, value = text.partition('=')
+    if not sep:
+        raise StudyError(f'{text!r} is not KEY=VALUE (for example opt.lr=10)')
+    *groups, name = key.split('.')
+    node, path = hyp, []
+    for part in groups:
+        if not isinstance(node.get(part), dict):
+            break
+        node, path = node[part], [*path, part]
+    if len(path) != len(groups) or not groups or name not in node:
+        where = '.'.join(path) or 'hyp'
+        there = ', '.join(node) if isinstance(node, dict) else 'no keys'
+        raise StudyError(f'no hyperparameter {key} ({where} has {there})')
+    try:
+        node[name] = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        node[name] = value
+
+
+def config_hyp(script_hyp, flags, overrides=()):
+    """A configuration's hyp: the script's (with the paper's no flipping on SVHN), --epochs, each
+    --hyp and each override applied in that order, then every value checked."""
+    hyp = copy.deepcopy(script_hyp)
+    if flags.dataset == 'svhn' and 'flip' in hyp.get('aug', {}):
+        hyp['aug']['flip'] = 'none'  # digits are not mirror-symmetric (the paper's SVHN runs)
+    epochs = [f'opt.train_epochs={flags.epochs}'] if flags.epochs is not None else []
+    for text in [*epochs, *flags.hyp, *overrides]:
+        set_value(hyp, text)
+    check_hyp(hyp, script_hyp)
+    return hyp
