@@ -110,7 +110,7 @@ def write_cache(cache_path, data, log):
         log(f'Could not write the tensor cache {cache_path} ({error}); continuing without it.')
 
 
-def load_dataset(name, data_dir, train_splits=('train',), download=True, log=print):
+def load_study_data(name, data_dir, train_splits=('train',), download=True, log=print):
     """{'train': {'images': uint8 (N, 32, 32, 3), 'labels'}, 'test', 'classes', 'mean', 'std'} from
     data_dir's tensor cache where it matches, else from its image-folder or torchvision layout
     (downloaded when absent), then cached. mean, std: CIFAR-10's constants, else the training

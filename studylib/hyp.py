@@ -86,7 +86,7 @@ def check_number(key, name, value, default):
                          f'{low} to {high}, not {value!r}')
 
 
-def check_hyp(value, default, path=()):
+def check_hyp_values(value, default, path=()):
     """Refuse, before any training, a value unlike hyp's own (its type, a dict's keys, a tuple's
     length) or outside HYP_CHOICES and HYP_RANGES; path: the keys from hyp down to value."""
     key, kind, name = '.'.join(map(str, path)), type(default), next(
@@ -96,7 +96,7 @@ def check_hyp(value, default, path=()):
         raise StudyError(f'--hyp {key} takes a value like {default!r}, not {value!r}')
     if kind in (dict, tuple):
         for part in default if kind is dict else range(len(default)):
-            check_hyp(value[part], default[part], (*path, part) if kind is dict else path)
+            check_hyp_values(value[part], default[part], (*path, part) if kind is dict else path)
     elif name in HYP_CHOICES and value not in HYP_CHOICES[name]:
         raise StudyError(f'--hyp {key} takes one of {HYP_CHOICES[name]}, not {value!r}')
     elif kind in (int, float):
@@ -136,5 +136,5 @@ def config_hyp(script_hyp, flags, overrides=()):
     epochs = [f'opt.train_epochs={flags.epochs}'] if flags.epochs is not None else []
     for text in [*epochs, *flags.hyp, *overrides]:
         set_value(hyp, text)
-    check_hyp(hyp, script_hyp)
+    check_hyp_values(hyp, script_hyp)
     return hyp

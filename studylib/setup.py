@@ -12,7 +12,7 @@ import torch
 
 from . import distribute
 from .config import Study
-from .data import data_fingerprint, load_dataset
+from .data import data_fingerprint, load_study_data
 from .device import resolve_device_precision
 from .environment import local_environment, world_environment
 from .errors import StudyError
@@ -55,7 +55,7 @@ def setup_process(args, world):
     scripts, configs = setup_configs(args)
     flags = args.flags
     device, precision = resolve_device_precision(flags.device, flags.precision)
-    data = load_dataset(flags.dataset, flags.data_dir, flags.train_splits.split(','),
+    data = load_study_data(flags.dataset, flags.data_dir, flags.train_splits.split(','),
                         log=print if world.local_rank == 0 else lambda *_: None)
     if args.val_split >= len(data['train']['labels']):
         raise StudyError(f"--val-split {args.val_split} leaves none of the "

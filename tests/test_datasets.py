@@ -10,7 +10,7 @@ from conftest import (CPU, QUICK, load_script, run_script, summary_of, tiny_data
 
 load_script('study')  # puts the repository on the path
 import studylib.data  # noqa: E402
-from studylib.data import CIFAR10_MEAN, CIFAR10_STD, load_dataset  # noqa: E402
+from studylib.data import CIFAR10_MEAN, CIFAR10_STD, load_study_data  # noqa: E402
 from studylib.hyp import config_hyp, parse_flags  # noqa: E402
 
 
@@ -19,7 +19,7 @@ def test_class_count_comes_from_the_data_and_sets_the_head(ab94, tmp_path):
                               test_per_class=2)
     data = ab94.load_dataset('folder', root)
     assert data['classes'] == [f'class_{i}' for i in range(7)]
-    assert load_dataset('folder', root)['classes'] == data['classes']
+    assert load_study_data('folder', root)['classes'] == data['classes']
     result = ab94.train(data, with_hyp(ab94.hyp, opt__batch_size=7, opt__train_epochs=1), CPU,
                         'fp32', seed=0, epoch_eval=False)
     assert result['net'][-2].out_features == 7
@@ -28,9 +28,9 @@ def test_class_count_comes_from_the_data_and_sets_the_head(ab94, tmp_path):
 def test_normalization_constants_for_cifar10_and_computed_otherwise(ab94, image_folder):
     """study.py: CIFAR-10's constants for --dataset cifar10, else the training set's; the scripts:
     an image folder's own statistics, whatever it holds."""
-    as_cifar10 = load_dataset('cifar10', image_folder)
+    as_cifar10 = load_study_data('cifar10', image_folder)
     assert as_cifar10['mean'] == CIFAR10_MEAN and as_cifar10['std'] == CIFAR10_STD
-    as_folder = load_dataset('folder', image_folder)  # the cache is rebuilt: another dataset
+    as_folder = load_study_data('folder', image_folder)  # the cache is rebuilt: another dataset
     pixels = as_folder['train']['images'].double().div(255).reshape(-1, 3)
     assert as_folder['mean'] == pytest.approx(tuple(pixels.mean(0).tolist()))
     assert as_folder['std'] == pytest.approx(tuple(pixels.std(0).tolist()))
@@ -49,8 +49,8 @@ def test_cinic10_valid_split_joins_training(ab94, tmp_path):
     write_image_folder(os.path.join(tmp_path, 'other'), num_classes=3, train_per_class=5,
                        test_per_class=1, seed=1)
     os.rename(os.path.join(tmp_path, 'other', 'train'), os.path.join(root, 'valid'))
-    train_only = load_dataset('folder', root)
-    with_valid = load_dataset('folder', root, train_splits=('train', 'valid'))
+    train_only = load_study_data('folder', root)
+    with_valid = load_study_data('folder', root, train_splits=('train', 'valid'))
     assert len(train_only['train']['labels']) == 12
     assert len(with_valid['train']['labels']) == 12 + 15
     assert torch.equal(with_valid['train']['images'][:12], train_only['train']['images'])
@@ -63,7 +63,7 @@ def test_torchvision_datasets_use_training_set_statistics(tmp_path, monkeypatch)
     monkeypatch.setattr(studylib.data, 'read_torchvision_dataset', fake_read)
     pixels = tiny_dataset(num_classes=10)['train']['images'].double().div(255).reshape(-1, 3)
     for name in ('cifar100', 'svhn'):
-        data = load_dataset(name, str(tmp_path / name))
+        data = load_study_data(name, str(tmp_path / name))
         assert data['mean'] == pytest.approx(tuple(pixels.mean(0).tolist()))
         assert data['std'] == pytest.approx(tuple(pixels.std(0).tolist()))
         assert os.path.exists(tmp_path / name / 'airbench_cache.pt')

@@ -17,7 +17,7 @@ from conftest import (ALL_SCRIPTS, QUICK, REPO, TINY, compile_with_backend, load
 
 load_script('study')  # puts the repository on the path
 import studylib.data  # noqa: E402
-from studylib.data import load_dataset  # noqa: E402
+from studylib.data import load_study_data  # noqa: E402
 from studylib.errors import StorageError, StudyError  # noqa: E402
 from studylib.hyp import config_hyp, parse_flags  # noqa: E402
 
@@ -44,7 +44,7 @@ def test_missing_data_without_network_says_how_to_provide_it(any_script, tmp_pat
     assert 'No image folder (train/<class>/*, test/<class>/*) nor cifar10' in message
     assert 'network access' in message and '--data-dir' in message
     with pytest.raises(StudyError) as error:  # study.py's loader: three datasets and folders
-        load_dataset('cifar100', str(tmp_path / 'nothing'), download=False)
+        load_study_data('cifar100', str(tmp_path / 'nothing'), download=False)
     message = str(error.value)
     assert 'No cifar100 dataset found' in message
     assert 'network access' in message and 'image-folder' in message and '--data-dir' in message
@@ -55,7 +55,7 @@ def test_directory_in_neither_layout_is_refused_by_study_py(tmp_path):
     (tmp_path / 'images' / 'a.png').write_bytes(b'')
     with pytest.raises(StudyError, match='is not in the image-folder layout: it needs the '
                                          'subdirectories train/, test/'):
-        load_dataset('folder', str(tmp_path))
+        load_study_data('folder', str(tmp_path))
 
 
 def test_images_not_32x32_are_refused(any_script, tmp_path, capsys):
@@ -64,7 +64,7 @@ def test_images_not_32x32_are_refused(any_script, tmp_path, capsys):
     said = script_error(any_script, root, tmp_path, capsys)
     assert re.search('error: .*40x40 pixels.*32x32.*do not resize', said), said
     with pytest.raises(StudyError, match='40x40 pixels.*32x32.*do not resize'):
-        load_dataset('folder', root)
+        load_study_data('folder', root)
 
 
 def test_unreadable_image_is_named(any_script, tmp_path, capsys):
@@ -76,7 +76,7 @@ def test_unreadable_image_is_named(any_script, tmp_path, capsys):
     said = script_error(any_script, root, tmp_path, capsys)
     assert said.startswith('error: ') and bad in said and 'Traceback' not in said
     with pytest.raises(StudyError, match=f'{bad} could not be read as an image'):
-        load_dataset('folder', root)
+        load_study_data('folder', root)
 
 
 def test_train_and_test_class_sets_must_match(any_script, tmp_path, capsys):
@@ -89,18 +89,18 @@ def test_train_and_test_class_sets_must_match(any_script, tmp_path, capsys):
                            "'class_9'])"), said
     with pytest.raises(StudyError, match=r"only in train: \['class_2'\]; only in test: "
                                          r"\['class_9'\]"):
-        load_dataset('folder', root)
+        load_study_data('folder', root)
 
 
 def test_corrupt_cache_is_rebuilt_and_said_so(tmp_path):
     image_folder = write_image_folder(str(tmp_path / 'data'), num_classes=2, train_per_class=8,
                                       test_per_class=2)
-    first = load_dataset('folder', image_folder)
+    first = load_study_data('folder', image_folder)
     cache = os.path.join(image_folder, 'airbench_cache.pt')
     with open(cache, 'r+b') as f:
         f.truncate(100)
     messages = []
-    second = load_dataset('folder', image_folder, log=messages.append)
+    second = load_study_data('folder', image_folder, log=messages.append)
     assert any('unreadable' in m and 'rebuilding' in m for m in messages)
     assert torch.equal(second['train']['images'], first['train']['images'])
     assert os.path.getsize(cache) > 100
@@ -115,7 +115,7 @@ def test_a_cache_that_cannot_be_written_is_said_and_skipped(tmp_path, monkeypatc
         raise StorageError(f'{path} could not be written (No space left on device)')
     monkeypatch.setattr(studylib.data, 'atomic_write', full_disk)
     messages = []
-    data = load_dataset('folder', image_folder, log=messages.append)
+    data = load_study_data('folder', image_folder, log=messages.append)
     assert len(data['train']['labels']) == 16
     assert any(m.startswith('Could not write the tensor cache') and 'continuing without it' in m
                for m in messages)
@@ -123,17 +123,17 @@ def test_a_cache_that_cannot_be_written_is_said_and_skipped(tmp_path, monkeypatc
 
 
 def test_stale_cache_is_rebuilt_when_the_folder_changes(image_folder):
-    first = load_dataset('folder', image_folder)
+    first = load_study_data('folder', image_folder)
     extra = os.path.join(image_folder, 'train', 'class_0', 'extra.png')
     from PIL import Image
     Image.new('RGB', (32, 32), (9, 9, 9)).save(extra)
     messages = []
-    second = load_dataset('folder', image_folder, log=messages.append)
+    second = load_study_data('folder', image_folder, log=messages.append)
     assert any('does not match' in m and 'fingerprint' in m for m in messages)
     assert len(second['train']['labels']) == len(first['train']['labels']) + 1
     # And a cache that matches is used without decoding again
     messages.clear()
-    load_dataset('folder', image_folder, log=messages.append)
+    load_study_data('folder', image_folder, log=messages.append)
     assert messages == []
 
 

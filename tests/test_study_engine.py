@@ -21,7 +21,7 @@ import studylib.scripts  # noqa: E402
 from studylib import cli  # noqa: E402
 from studylib.config import Config, Study, as_json  # noqa: E402
 from studylib.errors import StudyError  # noqa: E402
-from studylib.data import load_dataset  # noqa: E402
+from studylib.data import load_study_data  # noqa: E402
 from studylib.hyp import config_hyp, parse_flags  # noqa: E402
 from studylib.scripts import open_script  # noqa: E402
 from studylib.scripts import load_script as load_study_script  # noqa: E402
@@ -38,7 +38,7 @@ def test_the_stand_in_study_gives_the_figures_of_its_curve(study_main, image_fol
     assert study_main([STAND_IN, '--runs', '5', '--study-dir', str(study_dir), '--save-logits',
                        '--seed', '3', '--grid', 'opt.train_epochs=5,10', '--', *QUICK,
                        '--hyp', 'curve.noise=0.03', '--data-dir', image_folder]) == 0
-    labels = load_dataset('folder', image_folder)['test']['labels']
+    labels = load_study_data('folder', image_folder)['test']['labels']
     found = records(study_dir)
     assert sorted(found) == [(f'train_epochs={e}', run) for e in (10, 5) for run in range(5)]
     for (config, run), record in found.items():

@@ -47,7 +47,7 @@ import equivalence  # noqa: E402  (tools/equivalence.py)
 import reference  # noqa: E402  (tools/reference.py)
 import airbench94_hiverge as ours  # noqa: E402
 from equivalence import CPU, largest_difference, snapshot  # noqa: E402
-from studylib.data import load_dataset  # noqa: E402
+from studylib.data import load_study_data  # noqa: E402
 from studylib.device import resolve_device_precision  # noqa: E402
 
 PRECISION = 'bf16'  # or 'fp32' (--precision): the recipe both run in
@@ -312,7 +312,7 @@ def main():
     data_dir = os.path.abspath(args.data_dir)
     published = load_published(os.path.abspath(args.script), args.epochs)
     equivalence.enter_workdir(data_dir, args.workdir)  # the published script reads ./cifar10/
-    data = load_dataset('cifar10', data_dir)
+    data = load_study_data('cifar10', data_dir)
     torch.manual_seed(0)
     network, gradients = same_networks(published)
     print(json.dumps(network), flush=True)

@@ -48,7 +48,7 @@ import equivalence  # noqa: E402  (tools/equivalence.py)
 import reference  # noqa: E402  (tools/reference.py)
 import airbench96_faster as ours  # noqa: E402
 from equivalence import CPU, largest_difference, snapshot  # noqa: E402
-from studylib.data import load_dataset  # noqa: E402
+from studylib.data import load_study_data  # noqa: E402
 
 BF16 = torch.autocast('cpu', dtype=torch.bfloat16)
 
@@ -302,7 +302,7 @@ def our_run(record, data_dir, epochs, start):
     reinitialize = ours.reinitialize
     with equivalence.stood_in(ours, reinitialize=reinitialize_from, init_whitening=whitening_from,
                               CifarLoader=stream, lr_schedule=schedule, lookahead_decay=decay):
-        data = load_dataset('cifar10', data_dir)
+        data = load_study_data('cifar10', data_dir)
         result = ours.train(data, equivalence.with_epochs(ours.hyp, epochs), CPU, 'bf16', seed=0)
     return result['tta_val_acc'], result['net']
 

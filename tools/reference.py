@@ -33,7 +33,7 @@ They are CUDA-only as written. Here, and nothing else changes:
   labels comes first where main() has one and the block does not call it (the paper's 94, 95 and
   96 have that call commented out); with --no-warmup no warmup runs at all. airbench96_faster.py's
   main() has no warmup run, so none runs there.
-Its data: the study engine's tensor cache of --data-dir (studylib.data.load_dataset), written as the
+Its data: the study engine's tensor cache of --data-dir (studylib.data.load_study_data), written as the
 script's ./cifar10/{train,test}.pt in --workdir, where its logs go too.
 
 Usage: python tools/reference.py SCRIPT.py --data-dir DIR [--runs 1] [--seed S] [--epochs E]
@@ -131,8 +131,8 @@ def in_precision(forward, bf16):
 def write_script_cache(data_dir, workdir):
     """The study engine's tensors of data_dir as the script's cifar10/train.pt and test.pt."""
     sys.path.insert(0, REPO)
-    from studylib.data import load_dataset
-    data = load_dataset('cifar10', data_dir)
+    from studylib.data import load_study_data
+    data = load_study_data('cifar10', data_dir)
     os.makedirs(os.path.join(workdir, 'cifar10'), exist_ok=True)
     for split in ('train', 'test'):
         torch.save({'images': data[split]['images'], 'labels': data[split]['labels'],

@@ -34,7 +34,7 @@ PROGRESS = '['  # rank 0's line per written record starts with [K/N done
 
 
 def write_data(data_dir, classes, test_images, train_images=2048):
-    """A tensor cache that load_dataset takes as CIFAR-10's: random images and labels."""
+    """A tensor cache that studylib.data.load_study_data takes as CIFAR-10's: random images and labels."""
     import torch
     generator = torch.Generator().manual_seed(0)
 
