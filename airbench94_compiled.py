@@ -9,9 +9,10 @@ CIFAR-10 re-encoded as JPEG: docs/cpu.md's results (n, host, command). Timed as 
 from the first touch of training data (whitening init) to the test predictions (after TTA).
 
 Changes relative to airbench94.py (line by line: docs/layout.md): build_net compiles the network
-(static shapes; max-autotune on CUDA), and the untimed warmup compiles every graph a run needs, so
-nothing compiles in the timed runs (the log's graphs_compiled_since_warmup: 0); infer clones the
-plain view's logits and gives TTA's shifted views the input's strides (one graph per batch size).
+(static shapes; max-autotune on CUDA), and on CUDA the untimed warmup compiles every graph a run
+needs, so nothing compiles when timed (on a CPU its two steps do not: time it there with study.py,
+whose warmup compiles them all); infer clones the plain view's logits and gives TTA's shifted views
+the input's strides (one graph per batch size).
 
 Run: python airbench94_compiled.py --runs 25 (see --help). Importing it only defines
 things: the method, then below the banner "Running the script" what runs it (alike in all scripts).
