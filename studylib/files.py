@@ -80,7 +80,7 @@ class Damaged:
 
 def read_record(path, config, run):
     """The RunRecord in path, which must be run `run` of `config`: ValueError saying what is
-    wrong with it otherwise."""
+    wrong with a record that cannot be read, LookupError for one of another run."""
     record = RunRecord.from_json(load_json(path))
     if (record.config, record.run) != (config, run):
         raise LookupError(f'it is run {record.run} of {record.config}, not run {run} of {config}')

@@ -89,8 +89,8 @@ def check_number(key, name, value, default):
 def check_hyp_values(value, default, path=()):
     """Refuse, before any training, a value unlike hyp's own (its type, a dict's keys, a tuple's
     length) or outside HYP_CHOICES and HYP_RANGES; path: the keys from hyp down to value."""
-    key, kind, name = '.'.join(map(str, path)), type(default), next(
-        (part for part in reversed(path[:2]) if isinstance(part, str)), '')
+    key, kind = '.'.join(path), type(default)
+    name = path[1] if len(path) > 1 else ''  # the entry's name (widths for widths.block1)
     if kind in (dict, tuple) and (type(value) is not kind or len(value) != len(default) or
                                   kind is dict and value.keys() != default.keys()):
         raise StudyError(f'--hyp {key} takes a value like {default!r}, not {value!r}')

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import (ALL_SCRIPTS, QUICK, REPO, SCRIPTS, load_script, narrow, run_script, study_dir,
-                      tiny_dataset)
+                      tiny_dataset, warm_up_as_on_cuda)
 
 
 # Each script as a whole (their networks differ). Two runs check the study's bookkeeping (seed + i,
@@ -64,8 +64,7 @@ def test_the_warmup_warms_what_the_device_needs(ab94, tmp_path, monkeypatch, ful
     test set, for the graphs and kernels of the real shapes. Random labels, untimed."""
     monkeypatch.setattr(ab94, 'load_dataset', lambda *a, **k: tiny_dataset(per_class=64))
     if full:
-        warm_up = ab94.warm_up
-        monkeypatch.setattr(ab94, 'warm_up', lambda *args, full: warm_up(*args, full=True))
+        warm_up_as_on_cuda(monkeypatch, ab94, [])
     calls, train = [], ab94.train
 
     def recorded(data, hyp, *args, **kwargs):

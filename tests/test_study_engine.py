@@ -286,10 +286,15 @@ def test_studylib_meets_a_script_only_through_its_method():
     import ast
     import glob
     from studylib.scripts import METHOD_API
-    used = set()
+    used, aliased = set(), []
     for path in glob.glob(os.path.join(REPO, 'studylib', '*.py')):
         for node in ast.walk(ast.parse(open(path).read())):
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) and \
                     node.value.attr == 'module':
                 used.add(node.attr)
+            elif isinstance(node, (ast.Assign, ast.Call)) and any(  # module = x.module, f(x.module)
+                    isinstance(arg, ast.Attribute) and arg.attr == 'module'
+                    for arg in ([node.value] if isinstance(node, ast.Assign) else node.args)):
+                aliased.append(f'{os.path.basename(path)}:{node.lineno}')
     assert used and used <= set(METHOD_API), used - set(METHOD_API)
+    assert aliased == []  # every use is seen above
