@@ -30,6 +30,7 @@ import time
 import torch.distributed as dist
 
 HEARTBEAT_SECONDS = 2.0   # how often every process says that it is alive
+JOIN_SECONDS = 10.0       # the longest wait for the heartbeat to stop (a store call in flight)
 STORE_PATIENCE = 120.0    # how long a store call retries before the store counts as lost
 CHUNK_BYTES = 1 << 20     # outputs travel in chunks well under the TCPStore's value limit
 MAX_OUTPUT_BYTES = 1 << 30  # a run's outputs above this are refused before any training
@@ -161,12 +162,25 @@ class World:
 
 
 class Heartbeat(threading.Thread):
-    """Adds 1 to beat/TOKEN every HEARTBEAT_SECONDS while the process lives; a store error is
-    retried (by the store) and never ends the heartbeat."""
+    """Adds 1 to beat/TOKEN every HEARTBEAT_SECONDS inside its with block; a store error is
+    retried (by the store) and never ends the heartbeat. Leaving the block, however it is left,
+    stops the thread and waits for it: a daemon thread still inside a store call when the
+    interpreter exits is ended by pthread_exit inside torch's C++, and that aborts the process
+    (std::terminate, exit status 134) after a study that succeeded. The wait is bounded for a
+    lost store, whose calls retry for STORE_PATIENCE seconds: the launch is ending in an error
+    then."""
 
     def __init__(self, world):
         super().__init__(daemon=True)
         self.world, self.stopping = world, threading.Event()
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info):
+        self.stopping.set()
+        self.join(timeout=JOIN_SECONDS)
 
     def run(self):
         while not self.stopping.wait(HEARTBEAT_SECONDS):

@@ -112,11 +112,27 @@ class ProcessLost(Exception):
 
 
 def run_study(args, world, command):
-    """This process's part of the launch: set up, train from the queue and, on rank 0, write the
-    records, then the report (world.collector: what it wrote)."""
+    """This process's part of the launch, with its heartbeat beating throughout (stopped however
+    the launch ends); rank 0's failed runs and a report that could not be written are raised here
+    (world.collector: what rank 0 wrote)."""
     replacing = world.join()
-    heartbeat = Heartbeat(world)
-    heartbeat.start()
+    with Heartbeat(world):
+        collector, report_error = train_and_report(args, world, command, replacing)
+    if collector is not None and collector.failed:
+        if report_error:
+            print(f'warning: {report_error}', file=sys.stderr, flush=True)
+        failed = sorted(collector.failed.values(), key=lambda r: (r.config, r.run))
+        shown = ', '.join(f'{r.config} run {r.run} ({r.error_type})' for r in failed[:5])
+        raise RunsFailed(f'{len(failed)} runs failed: {shown}{" ..." if len(failed) > 5 else ""};'
+                         f' their errors are in {args.study_dir}/runs/CONFIG/RUN.failed.json, the '
+                         'summary counts them, and the same command retries them')
+    if report_error:
+        raise ReportFailed(report_error)
+
+
+def train_and_report(args, world, command, replacing):
+    """Set up, train from the queue and, on rank 0, write the records, then the report. Returns
+    rank 0's collector (None elsewhere) and the report's failure (or None)."""
     if world.store.check('plan/count'):
         process, plan, lock = join_plan(args, world)
     else:
@@ -138,23 +154,11 @@ def run_study(args, world, command):
         runner.warm_up(sorted({config for config, _ in plan['jobs']}))
         work(args, world, plan, runner, collector)
     except BaseException:  # stopped early: what has arrived is kept, and the report written
-        heartbeat.stopping.set()
         report_error = close_launch(args, collector, lock)
         if report_error:
             print(f'warning: {report_error}', file=sys.stderr, flush=True)
         raise
-    heartbeat.stopping.set()
-    report_error = close_launch(args, collector, lock)
-    if collector is not None and collector.failed:
-        if report_error:
-            print(f'warning: {report_error}', file=sys.stderr, flush=True)
-        failed = sorted(collector.failed.values(), key=lambda r: (r.config, r.run))
-        shown = ', '.join(f'{r.config} run {r.run} ({r.error_type})' for r in failed[:5])
-        raise RunsFailed(f'{len(failed)} runs failed: {shown}{" ..." if len(failed) > 5 else ""};'
-                         f' their errors are in {args.study_dir}/runs/CONFIG/RUN.failed.json, the '
-                         'summary counts them, and the same command retries them')
-    if report_error:
-        raise ReportFailed(report_error)
+    return collector, close_launch(args, collector, lock)
 
 
 def close_launch(args, collector, lock):

@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -38,6 +39,17 @@ def pytest_collection_modifyitems(config, items):
                                          if s != (tier == 'slow')])
     items[:] = [item for item, s in zip(items, slow) if s == (tier == 'slow')]
 
+
+
+@pytest.fixture(autouse=True)
+def no_heartbeat_left_running():
+    """A study run in this process stops its heartbeat however it ends: one left running aborts
+    the interpreter at exit, after every test passed (studylib.distribute.Heartbeat)."""
+    yield
+    from studylib.distribute import Heartbeat
+    running = [thread for thread in threading.enumerate() if isinstance(thread, Heartbeat)]
+    if running:
+        pytest.fail(f'{len(running)} study heartbeat thread(s) still running after the test')
 
 # The paper's four scripts share the optimizer (SGD with Lookahead); airbench94_muon replaces it
 PAPER_SCRIPTS = ['airbench94', 'airbench94_compiled', 'airbench95', 'airbench96']

@@ -246,6 +246,17 @@ def test_sigterm_keeps_the_finished_runs_and_the_same_command_continues(image_fo
     assert {path: after[path] for path in before} == before
 
 
+def test_the_heartbeat_stops_however_its_block_is_left():
+    """Stopped and waited for, on an error too: a daemon thread left inside a store call when the
+    interpreter exits aborts the process (exit status 134) after a study that succeeded."""
+    world = distribute.World(distribute.ResilientStore(connect=dist.HashStore))
+    with pytest.raises(KeyError):
+        with distribute.Heartbeat(world) as heartbeat:
+            assert heartbeat.is_alive()
+            raise KeyError('a refusal after the heartbeat started')
+    assert not heartbeat.is_alive()
+
+
 def test_outputs_larger_than_the_store_takes_arrive_intact():
     server = dist.TCPStore('127.0.0.1', 0, 1, is_master=True, wait_for_workers=False)
     store = distribute.ResilientStore(connect=lambda: dist.TCPStore(
