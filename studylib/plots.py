@@ -48,17 +48,26 @@ def plot_accuracy(study_dir, summary, runs, names, plt):
         if len(mine):
             diverged = mine['diverged'].fillna(False).astype(bool) if 'diverged' in mine \
                 else np.zeros(len(mine), dtype=bool)
-            kept = mine[~diverged]
+            kept, lost = mine[~diverged], mine[diverged]
             axes.scatter(kept['accuracy'], jitter(len(kept), row, rng), s=12, alpha=0.5,
-                         color='tab:blue', label='a run' if row == 0 else None)
+                         color='tab:blue', label='a run')
+            if len(lost):  # counted by the record claims; drawn, they would crush the scale
+                axes.annotate(f'+{len(lost)} diverged', (1.0, row), xytext=(4, 0),
+                              xycoords=('axes fraction', 'data'), textcoords='offset points',
+                              va='center', fontsize=7, color='tab:red', annotation_clip=False)
         config = summary['configs'][name]
         if config.get('ci_low') is not None:  # an accuracy's interval stays within [0, 1]
             low, high = max(config['ci_low'], 0.0), min(config['ci_high'], 1.0)
             axes.errorbar([config['mean']], [row], color='black', capsize=4, fmt='o',
                           xerr=[[config['mean'] - low], [high - config['mean']]],
-                          label='mean, 95% CI' if row == 0 else None)
-    if axes.get_legend_handles_labels()[1]:
-        axes.legend(fontsize=8, loc='best')
+                          label='mean, 95% CI')
+        elif config.get('mean') is not None:  # one run, or runs that all scored the same
+            axes.scatter([config['mean']], [row], s=40, facecolors='none', edgecolors='black',
+                         label='mean, no interval (one run or no spread)')
+    handles, labels = axes.get_legend_handles_labels()
+    if labels:  # one entry per kind of mark, whichever row drew it first
+        unique = dict(zip(labels, handles))
+        axes.legend(unique.values(), unique.keys(), fontsize=8, loc='best')
     save(figure, study_dir, 'accuracy.png', plt)
 
 

@@ -239,6 +239,31 @@ def test_time_plot_has_one_legend_entry_per_device_model(tmp_path, monkeypatch):
     assert labels == list(long_names)  # one row each: names never overlap
 
 
+
+def test_accuracy_plot_marks_every_mean_and_counts_diverged_runs(tmp_path, monkeypatch):
+    """A mean without an interval (one run, or runs that all scored the same) is still drawn, and
+    a diverged run, which the record claims count, is said beside its row."""
+    study_dir = str(tmp_path / 'marks')
+    make_study(study_dir, {'spread': config('spread'), 'same': config('same'),
+                           'one': config('one')}, 3)
+    for run, accuracy in enumerate([0.90, 0.91, 0.92]):
+        add_run(study_dir, 'spread', run, accuracy)
+        add_run(study_dir, 'same', run, 0.93)
+    add_run(study_dir, 'spread', 3, 0.1, diverged=True)
+    add_run(study_dir, 'one', 0, 0.95)
+    figures = {}
+    monkeypatch.setattr(plots, 'save', lambda figure, directory, name, plt:
+                        figures.setdefault(name, figure))
+    study.write_outputs(study_dir)
+    axes = figures['accuracy.png'].axes[0]
+    hollow = [c for c in axes.collections if c.get_label().startswith('mean, no interval')]
+    assert sorted(map(tuple, np.concatenate([c.get_offsets() for c in hollow]))) == \
+        [(0.93, 1.0), (0.95, 2.0)]
+    assert [t.get_text() for t in axes.texts] == ['+1 diverged']
+    assert axes.get_xlim()[0] > 0.85  # the diverged run at 0.1 does not set the scale
+    legend = [t.get_text() for t in axes.get_legend().get_texts()]
+    assert sorted(legend) == sorted(set(legend))  # one entry per kind of mark
+
 def logits_of(predictions, classes):
     logits = torch.zeros(len(predictions), classes, dtype=torch.float16)
     logits[torch.arange(len(predictions)), torch.as_tensor(predictions)] = 1
