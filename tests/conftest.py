@@ -51,6 +51,18 @@ def no_heartbeat_left_running():
     if running:
         pytest.fail(f'{len(running)} study heartbeat thread(s) still running after the test')
 
+
+def newton_schulz_by_svd(coefficients, matrix, steps):
+    """The quintic Newton-Schulz iteration computed on the singular values alone, in float64:
+    U p(S / |M|_F) V^T, with p(s) = a s + b s^3 + c s^5 applied `steps` times. Independent of the
+    code under test."""
+    u, s, vh = torch.linalg.svd(matrix.double(), full_matrices=False)
+    a, b, c = coefficients
+    s = s / s.square().sum().sqrt()
+    for _ in range(steps):
+        s = a * s + b * s**3 + c * s**5
+    return u @ torch.diag(s) @ vh
+
 # The paper's four scripts share the optimizer (SGD with Lookahead); airbench94_muon replaces it
 PAPER_SCRIPTS = ['airbench94', 'airbench94_compiled', 'airbench95', 'airbench96']
 SCRIPTS = [*PAPER_SCRIPTS, 'airbench94_muon', 'airbench94_hiverge']

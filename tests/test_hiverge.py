@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from conftest import (CPU, FAKE_CUDA, load_script, needs_cpu_fp16_padding, needs_fake_cuda,
-                      script_changes, tiny_dataset, warm_up_as_on_cuda, with_hyp)
+                      newton_schulz_by_svd, script_changes, tiny_dataset, warm_up_as_on_cuda,
+                      with_hyp)
 
 NAME = 'airbench94_hiverge'
 # Every 3x3 filter bank of the network, flattened to out_channels x (in_channels * 9), in order
@@ -81,17 +82,6 @@ def test_batched_orthogonalization_equals_each_bank_alone(hiverge, tall):
                               atol=1e-2)
 
 
-def newton_schulz_by_svd(matrix, steps):
-    """The iteration computed on the singular values alone, in float64: U p(S / |M|_F) V^T, with p
-    the quintic polynomial applied `steps` times. Independent of the code under test."""
-    u, s, vh = torch.linalg.svd(matrix.double(), full_matrices=False)
-    a, b, c = COEFFICIENTS
-    s = s / s.square().sum().sqrt()
-    for _ in range(steps):
-        s = a * s + b * s**3 + c * s**5
-    return u @ torch.diag(s) @ vh
-
-
 # Singular values after 3 steps over the filter shapes, wide and tall (measured here): bf16 0.792
 # to 1.248, fp32 0.796 to 1.240, fp16 0.794 to 1.240. Required: every one in [0.75, 1.3].
 @pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float32])
@@ -103,7 +93,7 @@ def test_newton_schulz_puts_every_singular_value_in_the_band(hiverge, dtype):
             result = hiverge.orthogonalize(m[None].to(dtype), 3)[0]
             singular_values = torch.linalg.svdvals(result.double())
             assert singular_values.min() > 0.75 and singular_values.max() < 1.3, m.shape
-    expected = newton_schulz_by_svd(matrix, 3)
+    expected = newton_schulz_by_svd(COEFFICIENTS, matrix, 3)
     assert torch.allclose(hiverge.orthogonalize(matrix[None].float(), 3)[0].double(), expected,
                           atol=1e-4)
     # The control: one step lifts the small singular values only part of the way
@@ -132,7 +122,7 @@ def test_muon_step_is_renormalization_then_orthogonal_update_then_decoupled_deca
             nesterov = grad + momentum * buffers[i]
             if renormalize:  # Frobenius norm sqrt(out_channels)
                 expected[i] = expected[i] * (shape[0]**0.5 / expected[i].norm())
-            update = newton_schulz_by_svd(nesterov.flatten(1), 3).view(shape)
+            update = newton_schulz_by_svd(COEFFICIENTS, nesterov.flatten(1), 3).view(shape)
             expected[i] = (expected[i] - lr * update) * (1 - lr * decay)
             assert torch.allclose(weights[i].detach(), expected[i], atol=1e-10), (renormalize, i)
     assert abs(weights[0].norm().item() - 2.0) > 1e-3  # not renormalized at the last step alone

@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from conftest import (CPU, FAKE_CUDA, NARROW_WIDTHS, load_script, needs_cpu_fp16_padding,
-                      needs_fake_cuda, record_compiled_graphs, tiny_dataset, warm_up_as_on_cuda,
-                      with_hyp)
+                      needs_fake_cuda, newton_schulz_by_svd, record_compiled_graphs, tiny_dataset,
+                      warm_up_as_on_cuda, with_hyp)
 
 load_script('study')  # puts the repository on the path
 from studylib.device import compiled_graph_count  # noqa: E402
@@ -34,17 +34,6 @@ def random_filter_matrices(seed=0, trials=2):
             yield matrix.T
 
 
-def newton_schulz_by_svd(matrix, steps):
-    """The iteration computed on the singular values alone, in float64: U p(S / |M|_F) V^T, with p
-    the quintic polynomial applied `steps` times. Independent of the code under test."""
-    u, s, vh = torch.linalg.svd(matrix.double(), full_matrices=False)
-    a, b, c = COEFFICIENTS
-    s = s / s.square().sum().sqrt()
-    for _ in range(steps):
-        s = a * s + b * s**3 + c * s**5
-    return u @ torch.diag(s) @ vh
-
-
 # Singular values of the output after 3 steps, over the matrices above (measured here): bf16 0.666
 # to 1.205, fp32 0.682 to 1.202. The record's docstring intends "roughly 0.5 to 1.5"; we require
 # the measured band with a margin: every singular value within [0.6, 1.25].
@@ -67,7 +56,7 @@ def test_newton_schulz_keeps_the_singular_vectors(muon, dtype, tolerance):
         rotated = u.T @ muon.orthogonalize(matrix, 3, dtype).double() @ vh.T
         off_diagonal = rotated - torch.diag(torch.diagonal(rotated))
         assert off_diagonal.norm() / rotated.norm() < tolerance, matrix.shape
-    expected = newton_schulz_by_svd(matrix, 3)
+    expected = newton_schulz_by_svd(COEFFICIENTS, matrix, 3)
     assert torch.allclose(muon.orthogonalize(matrix, 3, torch.float32).double(), expected,
                           atol=1e-4)
 
@@ -85,7 +74,8 @@ def test_muon_step_is_renormalization_then_lr_times_orthogonalized_nesterov_mome
         buffer = momentum * buffer + grad
         nesterov = grad + momentum * buffer
         expected = expected * (4**0.5 / expected.norm())  # Frobenius norm sqrt(out_channels)
-        expected = expected - lr * newton_schulz_by_svd(nesterov.flatten(1), 3).view(4, 2, 3, 3)
+        update = newton_schulz_by_svd(COEFFICIENTS, nesterov.flatten(1), 3)
+        expected = expected - lr * update.view(4, 2, 3, 3)
         assert torch.allclose(weight.detach(), expected, atol=1e-10)
     weight.grad = None  # a parameter without a gradient (a frozen one) is left alone
     before = weight.detach().clone()
