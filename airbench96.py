@@ -488,7 +488,7 @@ def hyp_with_flags(args):
     return run_hyp
 
 def mean_and_interval(values):
-    """n, mean, std and the 95% interval of the mean (Student's t; past 25 runs within 0.3%)."""
+    """n, mean, std and the 95% interval of the mean (Student's t; past 25 runs within 0.4%)."""
     n, mean, std = len(values), statistics.mean(values), statistics.stdev(values)
     t = ([12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23, 2.20, 2.18, 2.16, 2.14, 2.13,
           2.12, 2.11, 2.10, 2.09, 2.09, 2.08, 2.07, 2.07, 2.06] + [1.96 + 2.4 / n] * n)[n - 2]
