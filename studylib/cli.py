@@ -31,8 +31,9 @@ class Parser(argparse.ArgumentParser):
 
 def study_parser(description):
     parser = Parser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-                    epilog='Flags after -- go to the scripts (python SCRIPT.py --help): data, '
-                    'device, precision, --epochs, --hyp ... Under torchrun: one process per GPU. '
+                    epilog='Flags after --: the data, device, precision, --epochs and --hyp of '
+                    'every configuration (docs/studies.md lists them). Under torchrun: one '
+                    'process per GPU. '
                     '`python study.py report DIR` rebuilds the summary, report and plots.')
     add = parser.add_argument
     add('script', help=f'the default script of the configurations: one of '
@@ -132,7 +133,7 @@ def with_default_script(configs, default_script, typed):
 
 def parse_known(parser, argv):
     """The parsed flags; a flag that is not study.py's is refused, saying where it belongs when it
-    is one of the scripts' (they go after --)."""
+    is one of those after --."""
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         flags = ' '.join(unknown)
@@ -145,7 +146,8 @@ def parse_known(parser, argv):
 
 def parse_args(argv):
     """The study's arguments: args.configs is {name: Config}, grids expanded; the flags after --
-    are args.flags (studylib.hyp); args.notes are what rank 0 says about the command before it starts."""
+    are args.flags (studylib.hyp); args.notes are what rank 0 says about the command before it
+    starts."""
     argv = list(argv)
     split = argv.index('--') if '--' in argv else len(argv)
     argv, script_flags = argv[:split], argv[split + 1:]

@@ -8,7 +8,7 @@ import os
 
 import torch
 
-from .errors import StudyError
+from .errors import StorageError, StudyError
 from .files import atomic_write
 
 CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
@@ -33,7 +33,7 @@ def read_split(data_dir, split):
     """(images, labels, classes) of data_dir/split/<class>/<image>."""
     from torchvision.datasets import ImageFolder
     try:
-        folder = ImageFolder(os.path.join(data_dir, split), loader=read_image)
+        folder = ImageFolder(os.path.join(data_dir, split))  # its samples, read below
     except FileNotFoundError as error:  # no class directories, or one without images
         raise StudyError(f'{os.path.join(data_dir, split)}: {error} Expected the layout '
                          '<split>/<class>/<image>.') from None
@@ -106,7 +106,7 @@ def write_cache(cache_path, data, log):
     try:
         os.makedirs(os.path.dirname(cache_path), exist_ok=True)
         atomic_write(cache_path, buffer.getvalue())
-    except (OSError, StudyError) as error:  # a full disk or a read-only directory: go on without
+    except (OSError, StorageError) as error:  # a full disk or a read-only directory: go on without
         log(f'Could not write the tensor cache {cache_path} ({error}); continuing without it.')
 
 
@@ -156,8 +156,12 @@ def data_fingerprint(data):
 
 def dummy_dataset(infer, num_classes, batch_size, num_test, device):
     """Random data for a warmup: two training batches, and test batches of the sizes that the
-    evaluated split's take in infer (one full batch of infer's default size, and the rest)."""
-    eval_batch = inspect.signature(infer).parameters['batch_size'].default
+    evaluated split's take in infer (one full batch of infer's default size, and the rest; the
+    whole split where a copy's infer has no default batch_size)."""
+    batch_size_parameter = inspect.signature(infer).parameters.get('batch_size')
+    eval_batch = getattr(batch_size_parameter, 'default', None)
+    if not isinstance(eval_batch, int) or eval_batch < 1:
+        eval_batch = max(num_test, 1)
 
     def split(n):
         return {'images': torch.randint(0, 256, (n, 32, 32, 3), dtype=torch.uint8, device=device),

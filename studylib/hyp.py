@@ -5,14 +5,13 @@ import argparse
 import ast
 import contextlib
 import copy
-import io
 import math
 
 from .data import DATASETS
 from .errors import StudyError
 
-# The scripts' own rules (their HYP_CHOICES and HYP_RANGES, which tests/test_errors.py holds to
-# these): a switch's values, and the inclusive range of a number by its key's name (widths: each
+# The scripts' own rules (their HYP_CHOICES and HYP_RANGES, which tests/test_layout.py holds equal
+# to these): a switch's values, and the inclusive range of a number by its key's name (widths: each
 # block's); any other number keeps the sign of hyp's.
 HYP_CHOICES = {'flip': ('alternating', 'random', 'none'), 'tta_level': (0, 1, 2),
                'whiten': (True, False), 'sampling': ('reshuffle', 'replacement'),
@@ -62,17 +61,16 @@ def parse_flags(flags):
     if args.dataset == 'folder' and args.data_dir == 'data/DATASET':
         raise StudyError('--dataset folder needs --data-dir DIR (a directory with train/ and '
                          'test/)')
-    args.data_dir = args.data_dir.replace('DATASET', args.dataset)
-    if args.epochs is not None and not (args.epochs > 0 and math.isfinite(args.epochs)):
-        raise StudyError(f'--epochs must be a positive number, not {args.epochs}')
+    if args.data_dir == 'data/DATASET':
+        args.data_dir = f'data/{args.dataset}'
     return args
 
 
 def are_flags(flags):
-    """Whether flags are all flags of the part after --."""
-    with contextlib.suppress(StudyError), contextlib.redirect_stderr(io.StringIO()):
-        flag_parser().parse_args(flags)
-        return True
+    """Whether flags are all flags of the part after -- (study.py's own, as --seed, are not)."""
+    with contextlib.suppress(StudyError):
+        args = flag_parser().parse_args(flags)
+        return all(getattr(args, key) is None for key in FOR_STUDY_PY)
     return False
 
 
@@ -101,8 +99,6 @@ def check_hyp_values(value, default, path=()):
         raise StudyError(f'--hyp {key} takes one of {HYP_CHOICES[name]}, not {value!r}')
     elif kind in (int, float):
         check_number(key, name, value, default)
-    elif kind in (str, bool) and type(value) is not kind:
-        raise StudyError(f'--hyp {key} takes a value like {default!r}, not {value!r}')
 
 
 def set_value(hyp, text):
@@ -119,8 +115,7 @@ def set_value(hyp, text):
         node, path = node[part], [*path, part]
     if len(path) != len(groups) or not groups or name not in node:
         where = '.'.join(path) or 'hyp'
-        there = ', '.join(node) if isinstance(node, dict) else 'no keys'
-        raise StudyError(f'no hyperparameter {key} ({where} has {there})')
+        raise StudyError(f'no hyperparameter {key} ({where} has {", ".join(node)})')
     try:
         node[name] = ast.literal_eval(value)
     except (ValueError, SyntaxError):

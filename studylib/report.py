@@ -74,9 +74,8 @@ def main(argv):
     try:
         args = parse_report_args(argv)
         summary = write_outputs(args.study_dir, target=args.target, resolve=args.resolve,
-                                       require_speedup=args.speedup,
-                                       require_variance=args.variance, margin=args.margin,
-                                       time_margin=args.time_margin)
+                                require_speedup=args.speedup, require_variance=args.variance,
+                                margin=args.margin, time_margin=args.time_margin)
     except StorageError as error:
         print(f'error: {error}', file=sys.stderr, flush=True)
         return ReportFailed.exit_status

@@ -32,7 +32,6 @@ class SharedError(StudyError):
         self.exit_status = exit_status
 
 
-
 def setup_configs(args):
     """The study's scripts ({label: Script}, each loaded once) and its configurations resolved
     ({name: Config} with the script's SHA-256 and the resolved hyp)."""
@@ -56,7 +55,7 @@ def setup_process(args, world):
     flags = args.flags
     device, precision = resolve_device_precision(flags.device, flags.precision)
     data = load_study_data(flags.dataset, flags.data_dir, flags.train_splits.split(','),
-                        log=print if world.local_rank == 0 else lambda *_: None)
+                           log=print if world.local_rank == 0 else lambda *_: None)
     if args.val_split >= len(data['train']['labels']):
         raise StudyError(f"--val-split {args.val_split} leaves none of the "
                          f"{len(data['train']['labels'])} training images to train on")

@@ -1,5 +1,6 @@
 """Any 32x32 dataset (the scripts': CIFAR-10 or an image folder; study.py's: CIFAR-10/100, SVHN,
 image folders of several splits, cached), and reproducible runs."""
+import inspect
 import os
 
 import pytest
@@ -82,6 +83,12 @@ def test_svhn_turns_flipping_off_unless_asked(ab94):
     assert config_hyp(ab94.hyp, parse_flags([]))['aug']['flip'] == 'alternating'
 
 
+def test_the_default_data_directory_is_named_by_the_dataset_and_no_other_is_changed():
+    assert parse_flags(['--dataset', 'svhn']).data_dir == 'data/svhn'
+    assert parse_flags(['--dataset', 'svhn', '--data-dir', '/mnt/DATASETS/x']).data_dir == \
+        '/mnt/DATASETS/x'
+
+
 @pytest.mark.slow
 def test_same_seed_same_results_different_seed_different(image_folder, tmp_path):
     outcomes = []
@@ -95,3 +102,17 @@ def test_same_seed_same_results_different_seed_different(image_folder, tmp_path)
     assert outcomes[0] == outcomes[1]  # bitwise: the same floats, not merely close
     assert outcomes[0][0][2] != outcomes[0][1][2]  # the two runs of a study differ (seeds 11, 12)
     assert outcomes[2][0] == outcomes[0][1]  # a study from seed 12 starts where seed 11's second run did
+
+
+def test_the_warmups_dummy_test_set_takes_the_batch_sizes_infer_meets(ab94):
+    """One full batch of infer's default size and the rest, as the real test set; a copy whose
+    infer has no default batch_size warms up on the whole split at once."""
+    dummy = studylib.data.dummy_dataset(ab94.infer, 10, 16, 2100, CPU)
+    eval_batch = inspect.signature(ab94.infer).parameters['batch_size'].default
+    assert len(dummy['test']['labels']) == eval_batch + 2100 % eval_batch
+    assert len(dummy['train']['labels']) == 32
+
+    def infer_of_a_copy(net, images, tta_level, autocast):
+        return net(images)
+    dummy = studylib.data.dummy_dataset(infer_of_a_copy, 10, 16, 2100, CPU)
+    assert len(dummy['test']['labels']) == 2100

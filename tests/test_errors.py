@@ -234,8 +234,10 @@ def test_values_outside_what_the_method_takes_are_refused(setting, any_script):
 
 
 @pytest.mark.parametrize('setting', ['opt.momentum=0.999', 'aug.cutout=32', 'aug.translate=31',
-                                     'opt.train_epochs=0.001', 'opt.label_smoothing=1'])
+                                     'opt.train_epochs=0.001', 'opt.label_smoothing=1',
+                                     'net.whiten=0', 'net.identity_init=1'])
 def test_the_edges_of_the_ranges_are_taken(setting, ab94):
+    """By the script and by study.py alike (a switch's False and True are 0 and 1)."""
     assert refusals(ab94, setting) == [None, None]
 
 

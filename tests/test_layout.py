@@ -93,6 +93,14 @@ def test_the_tail_needs_only_torch_and_torchvision():
 
 
 @pytest.mark.parametrize('name', ALL_SCRIPTS)
+def test_study_py_checks_hyp_by_the_scripts_rules(name):
+    """studylib.hyp mirrors the tail's tables (the tail needs only torch and torchvision)."""
+    from studylib import hyp
+    script = load_script(name)
+    assert (script.HYP_CHOICES, script.HYP_RANGES) == (hyp.HYP_CHOICES, hyp.HYP_RANGES)
+
+
+@pytest.mark.parametrize('name', ALL_SCRIPTS)
 def test_every_switch_of_every_hyp_has_its_choices(name):
     """The tail checks a str or bool entry of hyp only against HYP_CHOICES: each must be there."""
     script = load_script(name)

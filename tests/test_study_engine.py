@@ -235,6 +235,9 @@ def test_a_name_that_is_a_file_here_and_a_script_of_the_repository_is_refused(tm
     (['--no-warmup'], 'flags of the scripts go after --: study.py SCRIPT --runs N --study-dir '
      'DIR -- --no-warmup'),
     (['--epoch', '5', '--bogus'], "study.py's flags are in python study.py --help; the scripts' "
+     'go after --'),
+    # a flag the scripts have but study.py refuses after -- is not sent there
+    (['--log-dir', 'logs'], "study.py's flags are in python study.py --help; the scripts' "
      'go after --')])
 def test_a_script_flag_before_the_separator_says_where_it_goes(flags, hint, study_main,
                                                                tmp_path, capsys):

@@ -100,7 +100,8 @@ def filters_up_to_sign(theirs, mine):
 
 @contextlib.contextmanager
 def stood_in(module, **stand_ins):
-    """Within the block, module's attributes of these names are the stand-ins; after it, their own."""
+    """Within the block, module's attributes of these names are the stand-ins; after it, their
+    own."""
     saved = {name: getattr(module, name) for name in stand_ins}
     for name, stand_in in stand_ins.items():
         setattr(module, name, stand_in)
