@@ -4,7 +4,7 @@ Method: the airbench paper, section "Compilation". The training is airbench94's 
 1,972,792-parameter network, hyperparameters and distribution of trained networks, 0.36 PFLOPs);
 only how the network's forward and backward passes run changes.
 
-Evidence: NVIDIA A100 (the paper, max-autotune): 94.01% mean TTA accuracy, 3.29 s per run. CPUs,
+Evidence: NVIDIA A100 (the paper, max-autotune): 94.01% mean TTA accuracy, n=1000, 3.29 s. CPUs,
 CIFAR-10 re-encoded as JPEG: docs/cpu.md's results (n, host, command). Timed as in the paper:
 from the first touch of training data (whitening init) to the test predictions (after TTA).
 

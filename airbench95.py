@@ -3,7 +3,7 @@
 Method: the airbench paper, section "95% and 96% targets": airbench94 widened and trained longer.
 The network has 4,606,520 parameters; training costs 1.4 PFLOPs (paper; this code counts 1.34).
 
-Evidence: NVIDIA A100 (the paper): 95.01% mean TTA accuracy, 10.4 s per run. CPUs, CIFAR-10
+Evidence: NVIDIA A100 (the paper): 95.01% mean TTA accuracy, n=200, 10.4 s per run. CPUs, CIFAR-10
 re-encoded as JPEG: docs/cpu.md's results (n, host, command). Timed as in the paper: from the
 first touch of training data (whitening init) to the test predictions (after TTA).
 

@@ -4,7 +4,7 @@ Method: the airbench paper, section "95% and 96% targets". The network has 12,72
 training costs 7.2 PFLOPs (paper text; the authors' README says 7.5). Counting what this script runs
 (tools/flops.py) gives 7.23, which supports 7.2; 7.5 is 3 x forward x 50,000 images x 40 epochs.
 
-Evidence: NVIDIA A100 (the paper): 96.05% mean TTA accuracy, 46.3 s per run. CPUs, CIFAR-10
+Evidence: NVIDIA A100 (the paper): 96.05% mean TTA accuracy, n=200, 46.3 s per run. CPUs, CIFAR-10
 re-encoded as JPEG: docs/cpu.md's results (n, host, command). Timed as in the paper: from the
 first touch of training data (whitening init) to the test predictions (after TTA).
 

@@ -7,8 +7,9 @@ A survey, not a test: it prints figures (docs/tests.md, "Torch versions", holds 
 with 1 when a test failed or a script compiled in a timed run, so CI can run it too.
 
 The graphs are counted in each environment by this file itself (--count-graphs SCRIPT, a process
-per script): the script's main() trains on a small synthetic dataset, torch.compile's graphs
-captured by dynamo as on any device and run eagerly (the 'eager' backend generates nothing; the
+per script): the script's train() runs once on studylib's warmup data (dummy_dataset) and once on a
+small synthetic dataset, as study.py's warmup then a timed run, torch.compile's graphs captured by
+dynamo as on any device and run eagerly (the 'eager' backend generates nothing; the
 count is dynamo's). Where a script compiles on CUDA only, decided by its compiles(device) (as
 airbench94_muon), that decision is forced here, so its CUDA graphs are counted; a script that
 compiles nothing here is shown as such. airbench96_faster compiles nothing anywhere.
