@@ -17,10 +17,11 @@ import reference  # noqa: E402  (tools/reference.py)
 CPU = torch.device('cpu')
 
 
-def parse_args(description, published, add_arguments):
-    """The command line: the published script and the data, the tool's own flags
-    (add_arguments(parser)), then the directory the published script runs in."""
-    parser = argparse.ArgumentParser(description=description)
+def parse_args(doc, published, add_arguments):
+    """The command line (described by doc's first paragraph): the published script and the data,
+    the tool's own flags (add_arguments(parser)), then the directory the published script runs
+    in."""
+    parser = argparse.ArgumentParser(description=' '.join(doc.split('\n\n')[0].split()))
     parser.add_argument('script', help=f'the published {published} (tools/reference.py says where '
                         'to get it)')
     parser.add_argument('--data-dir', required=True, help="CIFAR-10 as our scripts' --data-dir")
@@ -52,9 +53,10 @@ def snapshot(module):
 
 
 def largest_difference(tensors, others):
-    """The largest absolute difference between corresponding tensors (0 for none)."""
-    return max(((a.float() - b.float()).abs().max().item() for a, b in zip(tensors, others)),
-               default=0.0)
+    """The largest absolute difference between corresponding tensors; lists of different lengths,
+    or empty ones, raise: a check must not pass on nothing."""
+    return max((a.float() - b.float()).abs().max().item()
+               for a, b in zip(tensors, others, strict=True))
 
 
 def entry_differences(theirs, mine):

@@ -305,7 +305,7 @@ def add_arguments(parser):
 
 
 def main():
-    args = equivalence.parse_args(__doc__.strip().splitlines()[0], 'cifar10_speedrun.py',
+    args = equivalence.parse_args(__doc__, 'cifar10_speedrun.py',
                                   add_arguments)
     global PRECISION
     PRECISION = resolve_device_precision('cpu', args.precision)[1]

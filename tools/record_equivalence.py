@@ -325,7 +325,7 @@ def add_arguments(parser):
 
 
 def main():
-    args = equivalence.parse_args(__doc__.strip().splitlines()[0], 'airbench96_faster.py',
+    args = equivalence.parse_args(__doc__, 'airbench96_faster.py',
                                   add_arguments)
     data_dir = os.path.abspath(args.data_dir)
     steps_per_epoch = 50000 // ours.hyp['opt']['batch_size']
