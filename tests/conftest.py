@@ -40,6 +40,44 @@ def pytest_collection_modifyitems(config, items):
     items[:] = [item for item, s in zip(items, slow) if s == (tier == 'slow')]
 
 
+# The quick tier starts no process, however a test starts one (test_tiers.py reads the source for
+# the same; this sees what runs, inductor's compiler included): Python's audit events for it
+PROCESS_EVENTS = {'subprocess.Popen', 'os.system', 'os.fork', 'os.forkpty', 'os.posix_spawn',
+                  'os.exec', 'os.spawn'}
+HARMLESS_PROGRAMS = {'uname', 'nvidia-smi'}  # platform.processor(), a GPU's name where present
+STARTED_PROCESSES = []  # (event, program) of every process started in this pytest process
+
+
+def record_process_start(event, args):
+    """The audit hook: the program of each process started (its first word; '' for a fork)."""
+    if event not in PROCESS_EVENTS:
+        return
+    command = args[1] if event in ('subprocess.Popen', 'os.spawn') else args[0] if args else ''
+    if isinstance(command, str):
+        command = command.split()
+    elif isinstance(command, (bytes, os.PathLike)):
+        command = [command]
+    first = command[0] if isinstance(command, (list, tuple)) and command else ''
+    STARTED_PROCESSES.append((event, os.path.basename(os.fsdecode(first))))
+
+
+sys.addaudithook(record_process_start)
+
+
+def unexpected_processes(started):
+    return [(event, program) for event, program in started if program not in HARMLESS_PROGRAMS]
+
+
+@pytest.fixture(autouse=True)
+def quick_tests_start_no_process(request):
+    """A test not marked slow that starts a process (but the harmless ones) fails."""
+    before = len(STARTED_PROCESSES)
+    yield
+    started = unexpected_processes(STARTED_PROCESSES[before:])
+    if started and request.node.get_closest_marker('slow') is None:
+        pytest.fail(f'a test not marked slow started processes: {started}; mark it '
+                    '@pytest.mark.slow (docs/tests.md, "Tiers")')
+
 
 @pytest.fixture(autouse=True)
 def no_heartbeat_left_running():

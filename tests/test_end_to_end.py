@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import (ALL_SCRIPTS, QUICK, REPO, SCRIPTS, load_script, narrow, run_script, study_dir,
-                      tiny_dataset, warm_up_as_on_cuda)
+                      summary_of, tiny_dataset, warm_up_as_on_cuda)
 
 
 # Each script as a whole (their networks differ). Two runs check the study's bookkeeping (seed + i,
@@ -41,7 +41,8 @@ def test_run_writes_logs_and_learns(name, image_folder, tmp_path):
         assert stats['n'] == runs and stats['mean'] == pytest.approx(sum(accuracies) / runs)
         assert stats['ci95'][0] <= stats['mean'] <= stats['ci95'][1]
         assert f"{stats['mean']:.4f}" in result.stdout
-    assert summary['warmup_seconds'] >= 0 and 'about' in result.stdout  # the time left, said
+    assert summary['warmup_seconds'] >= 0  # the time left, said after the first epoch:
+    assert f'minutes left for the {runs} runs' in result.stdout
 
 
 @pytest.mark.parametrize('name', ALL_SCRIPTS)
@@ -65,15 +66,18 @@ def test_the_warmup_warms_what_the_device_needs(ab94, tmp_path, monkeypatch, ful
     monkeypatch.setattr(ab94, 'load_dataset', lambda *a, **k: tiny_dataset(per_class=64))
     if full:
         warm_up_as_on_cuda(monkeypatch, ab94, [])
-    calls, train = [], ab94.train
+    calls, labels, train = [], [], ab94.train
 
     def recorded(data, hyp, *args, **kwargs):
         calls.append((len(data['train']['labels']), len(data['test']['labels']),
                       hyp['opt']['train_epochs']))
+        labels.append(data['train']['labels'].clone())
         return train(data, hyp, *args, **kwargs)
     monkeypatch.setattr(ab94, 'train', recorded)
     assert ab94.main(['--runs', '1', '--log-dir', str(tmp_path), '--device', 'cpu', '--epochs',
                       '2', '--hyp', 'opt.batch_size=16', '--hyp', 'net.tta_level=0',
                       *narrow('airbench94')]) == 0
     assert calls == [(32, 128 if full else 32, 2 if full else 1), (128, 128, 2)]
+    assert not torch.equal(labels[0], labels[1][:32])  # the warmup's labels are random
+    assert summary_of(tmp_path)['warmup_seconds'] > 0
     assert ab94.hyp['opt']['whiten_bias_epochs'] == 3

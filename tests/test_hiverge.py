@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from conftest import (CPU, FAKE_CUDA, load_script, needs_cpu_fp16_padding, needs_fake_cuda,
-                      newton_schulz_by_svd, script_changes, tiny_dataset, warm_up_as_on_cuda,
-                      with_hyp)
+                      newton_schulz_by_svd, record_compiled_graphs, script_changes, tiny_dataset,
+                      warm_up_as_on_cuda, with_hyp)
 
 NAME = 'airbench94_hiverge'
 # Every 3x3 filter bank of the network, flattened to out_channels x (in_channels * 9), in order
@@ -427,13 +427,8 @@ def test_every_graph_compiled_in_the_warmup_none_when_timed(hiverge, monkeypatch
     with the whitening bias trained and frozen, evaluation at each batch size: 2000, the
     remainder, the selective TTA's 6 x 500 and 6 x its remainder) and the Newton-Schulz
     iteration's; the timed run on N test images compiles none."""
-    torch._dynamo.reset()
-    graphs, compile_function = [], torch.compile
-    def recording_backend(graph_module, example_inputs):
-        graphs.append([tuple(t.shape) for t in example_inputs if isinstance(t, torch.Tensor)])
-        return graph_module.forward
-    monkeypatch.setattr(torch, 'compile', lambda model, mode=None, **kwargs: compile_function(
-        model, backend=recording_backend, **kwargs))
+    torch._dynamo.reset()  # graphs of earlier tests would count toward dynamo's recompile limit
+    graphs = record_compiled_graphs(monkeypatch)
     monkeypatch.setattr(hiverge, 'compiles', lambda device: True)
     warmed = warm_up_as_on_cuda(monkeypatch, hiverge, graphs)
     data = tiny_dataset(per_class=32)

@@ -105,6 +105,6 @@ def test_every_switch_of_every_hyp_has_its_choices(name):
     """The tail checks a str or bool entry of hyp only against HYP_CHOICES: each must be there."""
     script = load_script(name)
     for group, entries in script.hyp.items():
-        for name, value in entries.items():
+        for key, value in entries.items():
             if isinstance(value, (str, bool)):
-                assert name in script.HYP_CHOICES and value in script.HYP_CHOICES[name]
+                assert key in script.HYP_CHOICES and value in script.HYP_CHOICES[key]

@@ -223,6 +223,7 @@ def test_cpu_path_runs_the_orthogonalization_eagerly_and_sgd_unfused(muon, monke
     assert optimizer.orthogonalize is muon.orthogonalize
 
 
+@pytest.mark.slow  # inductor's CPU backend runs a C++ compiler
 def test_compiled_orthogonalization_compiles_in_the_warmup_and_never_in_a_timed_run(muon,
                                                                                     monkeypatch):
     """On CUDA train() compiles the Newton-Schulz iteration (static shapes). Forced here on the CPU,

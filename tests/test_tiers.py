@@ -1,11 +1,14 @@
 """The quick tier stays quick (issue #34): a test that starts processes (a script run as a user
 runs it, study.py under torchrun) or trains on the real data is marked slow, judged from what it
-calls, directly or through the helpers and fixtures of tests/ (read from their source)."""
+calls, directly or through the helpers and fixtures of tests/ (read from their source). What the
+source does not show (a process started by a library, as inductor's compiler, or through an alias)
+conftest.py's audit hook sees as it runs: quick_tests_start_no_process."""
 import ast
 import os
 import textwrap
 
-from conftest import REPO
+import conftest
+from conftest import REPO, record_process_start, unexpected_processes
 
 TESTS = os.path.join(REPO, 'tests')
 # What starts a process: the standard library's calls (a helper that calls one starts one too)
@@ -129,3 +132,20 @@ def test_the_guard_finds_a_heavy_test_left_unmarked():
         'test_x:test_direct', 'test_x:test_real_data', 'test_x:test_through_a_fixture']
     marked = 'import pytest\npytestmark = [pytest.mark.slow]\n' + tests
     assert unmarked_heavy_tests({'helpers': helpers, 'test_x': marked}) == []
+
+
+def test_the_audit_hook_names_each_process_a_test_starts():
+    """Python's audit events, as they are raised: a compiler started by inductor (a list of
+    words), a shell command (one string), a fork (no program); the harmless ones are let pass."""
+    events = [('subprocess.Popen', ('/usr/bin/g++', ['/usr/bin/g++', '-v'], None, None)),
+              ('subprocess.Popen', ('uname', ['uname', '-p'], None, None)),
+              ('os.system', ('make all',)), ('os.fork', ()), ('open', ('x', 'r', 0))]
+    before = len(conftest.STARTED_PROCESSES)
+    for event, args in events:
+        record_process_start(event, args)
+    started = conftest.STARTED_PROCESSES[before:]
+    del conftest.STARTED_PROCESSES[before:]  # not this test's own processes: none were started
+    assert started == [('subprocess.Popen', 'g++'), ('subprocess.Popen', 'uname'),
+                       ('os.system', 'make'), ('os.fork', '')]
+    assert unexpected_processes(started) == [('subprocess.Popen', 'g++'), ('os.system', 'make'),
+                                             ('os.fork', '')]
