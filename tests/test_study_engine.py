@@ -301,3 +301,32 @@ def test_studylib_meets_a_script_only_through_its_method():
                 aliased.append(f'{os.path.basename(path)}:{node.lineno}')
     assert used and used <= set(METHOD_API), used - set(METHOD_API)
     assert aliased == []  # every use is seen above
+
+
+class NamesRead:
+    """A module whose every attribute read is written down."""
+
+    def __init__(self, module, names):
+        self._module, self._names = module, names
+
+    def __getattr__(self, name):
+        self._names.add(name)
+        return getattr(self._module, name)
+
+
+def test_a_study_reads_only_the_method_of_its_script(study_main, image_folder, tmp_path,
+                                                     monkeypatch):
+    """The same as it runs: a whole study (warmup, a run, the report) reads from its script's
+    module the names of METHOD_API and no other."""
+    import dataclasses
+    import studylib.setup
+    from studylib.scripts import METHOD_API
+    names, open_script = set(), studylib.setup.open_script
+
+    def recorded(label):
+        script = open_script(label)
+        return dataclasses.replace(script, module=NamesRead(script.module, names))
+    monkeypatch.setattr(studylib.setup, 'open_script', recorded)
+    assert study_main(['airbench94', '--runs', '1', '--study-dir', str(tmp_path / 'study'), '--',
+                       *training(), '--data-dir', image_folder]) == 0
+    assert {'hyp', 'train', 'build_net'} <= names <= set(METHOD_API), names
