@@ -44,7 +44,9 @@ def pytest_collection_modifyitems(config, items):
 # the same; this sees what runs, inductor's compiler included): Python's audit events for it
 PROCESS_EVENTS = {'subprocess.Popen', 'os.system', 'os.fork', 'os.forkpty', 'os.posix_spawn',
                   'os.exec', 'os.spawn'}
-HARMLESS_PROGRAMS = {'uname', 'nvidia-smi'}  # platform.processor(), a GPU's name where present
+# platform.processor(), a GPU's name where present, and the pool of compile workers that torch 2.4
+# starts at its first torch.compile (later versions compile in this process)
+HARMLESS_PROGRAMS = {'uname', 'nvidia-smi', 'inductor compile worker'}
 STARTED_PROCESSES = []  # (event, program) of every process started in this pytest process
 
 
@@ -57,8 +59,10 @@ def record_process_start(event, args):
         command = command.split()
     elif isinstance(command, (bytes, os.PathLike)):
         command = [command]
-    first = command[0] if isinstance(command, (list, tuple)) and command else ''
-    STARTED_PROCESSES.append((event, os.path.basename(os.fsdecode(first))))
+    words = [os.fsdecode(word) for word in command] if isinstance(command, (list, tuple)) else []
+    program = 'inductor compile worker' if any('compile_worker' in w for w in words) else \
+        os.path.basename(words[0]) if words else ''
+    STARTED_PROCESSES.append((event, program))
 
 
 sys.addaudithook(record_process_start)

@@ -139,6 +139,9 @@ def test_the_audit_hook_names_each_process_a_test_starts():
     words), a shell command (one string), a fork (no program); the harmless ones are let pass."""
     events = [('subprocess.Popen', ('/usr/bin/g++', ['/usr/bin/g++', '-v'], None, None)),
               ('subprocess.Popen', ('uname', ['uname', '-p'], None, None)),
+              ('subprocess.Popen', ('/venv/bin/python', ['/venv/bin/python', '/venv/lib/python3.11/'
+                                    'site-packages/torch/_inductor/compile_worker/__main__.py',
+                                    '--workers=2'], None, None)),
               ('os.system', ('make all',)), ('os.fork', ()), ('open', ('x', 'r', 0))]
     before = len(conftest.STARTED_PROCESSES)
     for event, args in events:
@@ -146,6 +149,7 @@ def test_the_audit_hook_names_each_process_a_test_starts():
     started = conftest.STARTED_PROCESSES[before:]
     del conftest.STARTED_PROCESSES[before:]  # not this test's own processes: none were started
     assert started == [('subprocess.Popen', 'g++'), ('subprocess.Popen', 'uname'),
-                       ('os.system', 'make'), ('os.fork', '')]
+                       ('subprocess.Popen', 'inductor compile worker'), ('os.system', 'make'),
+                       ('os.fork', '')]
     assert unexpected_processes(started) == [('subprocess.Popen', 'g++'), ('os.system', 'make'),
                                              ('os.fork', '')]
