@@ -44,9 +44,10 @@ def pytest_collection_modifyitems(config, items):
 # the same; this sees what runs, inductor's compiler included): Python's audit events for it
 PROCESS_EVENTS = {'subprocess.Popen', 'os.system', 'os.fork', 'os.forkpty', 'os.posix_spawn',
                   'os.exec', 'os.spawn'}
-# platform.processor(), a GPU's name where present, and the pool of compile workers that torch 2.4
-# starts at its first torch.compile (later versions compile in this process)
-HARMLESS_PROGRAMS = {'uname', 'nvidia-smi', 'inductor compile worker'}
+# platform.processor(), a GPU's name where present, the pool of compile workers that torch 2.4
+# starts at its first torch.compile (later versions compile in this process), and the font list
+# that matplotlib reads once to build its font cache (a new machine's first plot)
+HARMLESS_PROGRAMS = {'uname', 'nvidia-smi', 'inductor compile worker', 'fc-list'}
 STARTED_PROCESSES = []  # (event, program) of every process started in this pytest process
 
 
