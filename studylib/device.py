@@ -2,6 +2,7 @@
 what torch.compile has compiled on it."""
 import ctypes
 import os
+import socket
 import sys
 
 import torch
@@ -9,23 +10,41 @@ import torch
 from .errors import StudyError
 
 
-def resolve_device_precision(device_name, precision):
+def resolve_device_precision(device_name, precision, local_rank=0):
     """(torch.device, precision) for --device and --precision; auto is CUDA where present, and
     fp16 on CUDA, bf16 on a CPU with native bf16, else fp32 (bf16 without it is several times
-    slower than fp32)."""
+    slower than fp32). A CUDA device always carries its index (cuda_device)."""
     try:
         device = torch.device(device_name.replace('auto', 'cuda' if torch.cuda.is_available()
                                                   else 'cpu'))
     except RuntimeError:
         raise StudyError(f'--device {device_name!r} is not a device; use auto, cpu, cuda or '
                          'cuda:N') from None
-    if device.type == 'cuda' and not torch.cuda.is_available():
-        raise StudyError(f'--device {device_name} asks for CUDA, but this torch '
-                         f'({torch.__version__}) sees no CUDA device; use --device cpu or auto.')
+    if device.type == 'cuda':
+        device = cuda_device(device, local_rank)
     if precision == 'auto':
         native_bf16 = device.type == 'cpu' and torch.ops.mkldnn._is_mkldnn_bf16_supported()
         precision = 'fp16' if device.type == 'cuda' else 'bf16' if native_bf16 else 'fp32'
     return device, precision
+
+
+def cuda_device(device, local_rank):
+    """The GPU of this process, with its index (torch.cuda.set_device refuses a bare 'cuda'):
+    cuda:N is GPU N for every process of the machine (several processes may share it); cuda, the
+    GPU of the process's local rank (one GPU per process, as torchrun's --nproc_per_node)."""
+    if not torch.cuda.is_available():
+        raise StudyError(f'--device {device} asks for CUDA, but this torch '
+                         f'({torch.__version__}) sees no CUDA device; use --device cpu or auto.')
+    count = torch.cuda.device_count()
+    index = local_rank if device.index is None else device.index
+    if index < count:
+        return torch.device('cuda', index)
+    if device.index is None:
+        raise StudyError(f'{count} GPUs on {socket.gethostname()}, fewer than the processes '
+                         'torchrun started there (--nproc_per_node); or give --device cuda:0 to '
+                         'run them all on one GPU')
+    raise StudyError(f'--device {device}: {socket.gethostname()} has {count} GPU'
+                     f'{"s" if count > 1 else ""}, cuda:0 to cuda:{count - 1}')
 
 
 def keep_freed_memory_in_process():

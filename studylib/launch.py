@@ -34,13 +34,25 @@ def failure_record(config, run, error, runner):
 
 def train_one(runner, config, run):
     """(record, outputs) of a run; an exception inside the run becomes a failure record (a bug in
-    a copy of a script, CUDA out of memory at a large batch), and the study goes on."""
+    a copy of a script, CUDA out of memory at a large batch), and the study goes on. The record
+    is made before the device is touched again: after some CUDA errors every call fails."""
     try:
         return runner.run(config, run)
     except Exception as error:  # noqa: BLE001: every failure of a run is recorded, not fatal
-        if runner.device.type == 'cuda':
-            torch.cuda.empty_cache()
         return failure_record(config, run, error, runner), None
+
+
+def device_failure(device):
+    """After a failed run: the failed run's cached memory given back (CUDA out of memory at a
+    large batch), or the error that says the device can no longer be used (after an illegal
+    memory access or a device-side assert, every CUDA call of the process fails); None on a CPU."""
+    if device.type != 'cuda':
+        return None
+    try:
+        torch.cuda.empty_cache()
+    except Exception as error:  # noqa: BLE001: whatever CUDA raises, the process is done
+        return f'{type(error).__name__}: {error}'
+    return None
 
 
 def publish(world, queue, index, record, outputs):
@@ -104,6 +116,12 @@ def work(args, world, plan, runner, collector):
         publish(world, queue, index, record, outputs)
         if collector is not None:
             collector.collect()
+        failure = device_failure(runner.device) if record.failed else None
+        if failure:
+            raise RunsFailed(f'{runner.device} of this process (rank {world.rank}, '
+                             f'{socket.gethostname()}) fails every call since {config} run {run} '
+                             f'failed ({failure}); its failure is recorded, and the same command '
+                             'retries it')
         broken.check(record)
 
 

@@ -8,8 +8,6 @@ import os
 import socket
 import uuid
 
-import torch
-
 from . import distribute
 from .config import Study
 from .data import data_fingerprint, load_study_data
@@ -53,17 +51,12 @@ def setup_process(args, world):
     0: its environment and data fingerprint (or the error that stops the study)."""
     scripts, configs = setup_configs(args)
     flags = args.flags
-    device, precision = resolve_device_precision(flags.device, flags.precision)
+    device, precision = resolve_device_precision(flags.device, flags.precision, world.local_rank)
     data = load_study_data(flags.dataset, flags.data_dir, flags.train_splits.split(','),
                            log=print if world.local_rank == 0 else lambda *_: None)
     if args.val_split >= len(data['train']['labels']):
         raise StudyError(f"--val-split {args.val_split} leaves none of the "
                          f"{len(data['train']['labels'])} training images to train on")
-    if device.type == 'cuda' and world.size > 1:  # one GPU per process
-        if world.local_rank >= torch.cuda.device_count():
-            raise StudyError(f'{torch.cuda.device_count()} GPUs on {socket.gethostname()}, fewer '
-                             'than the processes torchrun started there (--nproc_per_node)')
-        device = torch.device('cuda', world.local_rank)
     info = dict(local_environment(device, precision), data=data_fingerprint(data))
     return argparse.Namespace(flags=flags, scripts=scripts, configs=configs, device=device,
                               precision=precision, data=data, info=info)
