@@ -4,6 +4,7 @@ outputs."""
 import copy
 import datetime
 import hashlib
+import inspect
 import io
 import json
 import math
@@ -49,6 +50,83 @@ def training_mask(num_train, held_out, fraction, seed):
     return mask
 
 
+class EntriesRead(dict):
+    """A configuration's hyp['net'] as build_net sees it, noting each entry read: what makes the
+    network (the other entries, TTA's or the whitening's init, change only how it is used)."""
+
+    def __init__(self, entries):
+        super().__init__(entries)
+        self.read = set()
+
+    def __getitem__(self, key):
+        self.read.add(key)
+        return super().__getitem__(key)
+
+    def get(self, key, default=None):
+        self.read.add(key)
+        return super().get(key, default)
+
+    def __contains__(self, key):
+        self.read.add(key)
+        return super().__contains__(key)
+
+    def __iter__(self):  # every entry counts as read
+        self.read.update(super().keys())
+        return super().__iter__()
+
+    def keys(self):
+        return list(self)
+
+    def items(self):
+        return [(key, self[key]) for key in self]
+
+    def values(self):
+        return [self[key] for key in self]
+
+
+class ForwardVariants:
+    """The forward passes of the study's networks, each as the variant a compiled network compiles
+    a graph for: train or eval mode, grad mode, the input's shape, dtype and memory format, and
+    which parameters train (the whitening bias's freeze). A forward pre-hook records them."""
+
+    def __init__(self):
+        self.seen = set()
+        self.warmed_up = set()
+
+    def watch(self, net, label):
+        parameters = list(net.parameters())
+
+        def record(module, inputs):
+            images = inputs[0]
+            self.seen.add((label, module.training, torch.is_grad_enabled(), tuple(images.shape),
+                           str(images.dtype).removeprefix('torch.'),
+                           images.is_contiguous(memory_format=torch.channels_last),
+                           sum(p.requires_grad for p in parameters), len(parameters)))
+        net.register_forward_pre_hook(record)
+
+    def take(self):
+        """The variants met since the last take."""
+        seen, self.seen = self.seen, set()
+        return seen
+
+    def not_warmed_up(self, variants):
+        """Descriptions of the variants that no warmup met: on CUDA, each compiles a graph (and
+        captures a CUDA graph) inside a timed run."""
+        return sorted(f"{label}: {'train' if training else 'eval'}, {'grad' if grad else 'no grad'}"
+                      f", {'x'.join(map(str, shape))} {dtype} "
+                      f"{'channels_last' if channels_last else 'contiguous'}, {trainable} of "
+                      f'{parameters} parameters trainable'
+                      for label, training, grad, shape, dtype, channels_last, trainable, parameters
+                      in variants - self.warmed_up)
+
+
+def evaluation_settings(infer, arch):
+    """The entries of hyp['net'] that infer takes by name besides the TTA level (airbench94_hiverge's
+    tta_fraction): the evaluation as the method's train() runs it."""
+    parameters = inspect.signature(infer).parameters
+    return {name: arch[name] for name in parameters if name in arch and name != 'tta_level'}
+
+
 def warmup_key(script_path, hyp):
     """What first-call costs depend on (compiled graphs, kernel choices): the script and its hyp,
     whatever the number of epochs."""
@@ -67,7 +145,9 @@ class Runner:
         self.source_seeds = process.scripts[args.script].module.source_seeds  # runs stay paired
         self.device, self.precision, data = process.device, process.precision, process.data
         self.device_model = device_model(self.device)
-        self.nets, self.warmed_up = {}, set()  # networks by (script, architecture), reinitialized
+        self.nets = []  # (script, the hyp['net'] entries it was built from, network)
+        self.warmed_up = set()  # warmup_key of every (script, hyp) warmed up
+        self.variants = ForwardVariants()
         self.test_inputs = {}  # the normalized test images by script: the same for every run
         on_device = lambda split: {key: value.to(self.device) for key, value in split.items()}
         self.train_split, self.test_split = on_device(data['train']), on_device(data['test'])
@@ -83,12 +163,19 @@ class Runner:
         return self.scripts[self.configs[config].script]
 
     def net(self, config):
-        script, hyp = self.script(config), self.configs[config].hyp
-        key = (script.path, json.dumps(hyp['net'], sort_keys=True))
-        if key not in self.nets:
-            self.nets[key] = script.module.build_net(hyp['net'], len(self.data['classes']),
-                                                     self.device, self.precision)
-        return self.nets[key]
+        """The configuration's network: one per script and architecture (the entries of hyp['net']
+        that build_net reads), shared by the configurations that differ in anything else, and
+        reinitialized by each run."""
+        script, arch = self.script(config), self.configs[config].hyp['net']
+        for path, entries, net in self.nets:
+            if path == script.path and all(arch[key] == value for key, value in entries.items()):
+                return net
+        seen = EntriesRead(arch)
+        net = script.module.build_net(seen, len(self.data['classes']), self.device, self.precision)
+        self.nets.append((script.path, {key: arch[key] for key in seen.read}, net))
+        if isinstance(net, torch.nn.Module):
+            self.variants.watch(net, f'{script.label} network {len(self.nets)}')
+        return net
 
     def warm_up(self, configs):
         """Before the first timed run, one untimed run on dummy data of every (script, hyp) that
@@ -101,8 +188,13 @@ class Runner:
             dummy = dummy_dataset(script.module.infer, len(self.data['classes']),
                                   hyp['opt']['batch_size'], len(self.eval_split['labels']),
                                   self.device)
-            script.module.train(dummy, hyp, self.device, self.precision, self.source_seeds(0),
-                                self.net(config), epoch_eval=self.flags.epoch_eval)
+            self.variants.take()
+            result = script.module.train(dummy, hyp, self.device, self.precision,
+                                         self.source_seeds(0), self.net(config),
+                                         epoch_eval=self.flags.epoch_eval)
+            if self.evaluates_test_set():  # the forward passes of the run's outputs too
+                self.test_logits(config, result['net'])
+            self.variants.warmed_up |= self.variants.take()
             self.warmed_up.add(key)
 
     def normalized_test_images(self, config):
@@ -119,11 +211,12 @@ class Runner:
         return self.test_inputs[script.path]
 
     def logits(self, config, net, tta_level):
-        """A trained network's logits (fp32) for the test images."""
+        """A trained network's logits (fp32) for the test images, evaluated as train() evaluates."""
         autocast = torch.autocast(self.device.type, dtype=torch.bfloat16,
                                   enabled=(self.precision == 'bf16'))
-        return self.script(config).module.infer(net, self.normalized_test_images(config),
-                                                tta_level, autocast)
+        infer = self.script(config).module.infer
+        settings = evaluation_settings(infer, self.configs[config].hyp['net'])
+        return infer(net, self.normalized_test_images(config), tta_level, autocast, **settings)
 
     def run_data(self, run):
         """The data of a run (its training subset, the evaluated split), its subset mask and the
@@ -145,10 +238,12 @@ class Runner:
         seeds = run_seeds(self.source_seeds, args.seed, run, args.vary)
         data, mask, subset_seed = self.run_data(run)
         graphs_before = compiled_graph_count()
+        self.variants.take()
         result = script.module.train(data, hyp, self.device, self.precision, seeds,
                                      self.net(config), self.flags.epoch_eval)
         graphs = compiled_graph_count() - graphs_before
         outputs, test_acc = self.outputs(config, result['net'], mask)
+        unwarmed = self.variants.not_warmed_up(self.variants.take()) if self.flags.warmup else None
         losses = result['epoch_train_losses']
         record = RunRecord(
             config=config, run=run, script=script.label, seed=args.seed + run, seeds=seeds,
@@ -157,6 +252,7 @@ class Runner:
             test_acc=result['tta_val_acc'] if test_acc is None else test_acc,
             val_acc=result['val_acc'], total_time_seconds=result['total_time_seconds'],
             steps=result['steps'], graphs_compiled_during_run=graphs,
+            forward_variants_not_warmed_up=unwarmed,
             epoch_train_losses=[loss if math.isfinite(loss) else None for loss in losses],
             diverged=not all(map(math.isfinite, losses)), train_images=len(data['train']['labels']),
             rank=self.world.rank, host=socket.gethostname(), device=str(self.device),
@@ -167,18 +263,29 @@ class Runner:
             torch.save(outputs, buffer)
         return record, buffer.getvalue() or None
 
+    def evaluates_test_set(self):
+        """Whether the study evaluates the test set after train(): for saved logits, or for the
+        test accuracy where train() evaluated a validation split."""
+        return self.args.save_logits or self.held_out is not None
+
+    def test_logits(self, config, net):
+        """A trained network's test logits in fp16: with the configuration's TTA, and plain where
+        the study saves logits (else None)."""
+        tta_level = self.configs[config].hyp['net']['tta_level']
+        logits = self.logits(config, net, tta_level).half()
+        return logits, self.logits(config, net, 0).half() if self.args.save_logits else None
+
     def outputs(self, config, net, mask):
         """The saved outputs of a run (test logits with and without TTA in fp16, kept as computed,
         so that they give test_acc exactly; the subset mask), and the test accuracy of its TTA
         logits where train() evaluated another split (None where it evaluated the test set)."""
         outputs, test_acc = {}, None
-        if self.args.save_logits or self.held_out is not None:  # test logits: not what train() saw
-            tta_level = self.configs[config].hyp['net']['tta_level']
-            logits = self.logits(config, net, tta_level).half()
+        if self.evaluates_test_set():  # test logits: not what train() saw
+            logits, plain = self.test_logits(config, net)
             test_acc = (logits.argmax(1) == self.test_split['labels']).float().mean().item()
             if self.args.save_logits:
                 outputs['logits'] = logits.cpu()
-                outputs['logits_plain'] = self.logits(config, net, 0).half().cpu()
+                outputs['logits_plain'] = plain.cpu()
         if self.args.train_subset is not None:
             outputs['train_mask'] = mask
         return outputs, test_acc

@@ -1,16 +1,24 @@
 """study.py on a GPU, checked without one (issue 41): the engine's whole device path under a stand-in
 for the CUDA driver that keeps torch's own rules (tests/cuda_stand_in.py): --device auto, cuda and
 cuda:N at world sizes 1 and 2, setup_process, prepare_device and the environment record; a GPU past
-the last refused in one line; a run that fails with a CUDA error still recorded."""
+the last refused in one line; a run that fails with a CUDA error still recorded. What a GPU would
+compile: the saved outputs evaluated as the method evaluates, every forward pass of a run met in
+the warmup, one network per architecture."""
+import glob
+import json
+import os
 import types
 
 import pytest
 import torch
 
-from conftest import load_script
+from conftest import REPO, load_script
 from cuda_stand_in import GPU_NAME, cuda_stand_in, needs_cuda_build
+from test_study import records, study_main, training  # noqa: F401
 
 load_script('study')  # puts the repository on the path
+import studylib.runs  # noqa: E402
+import studylib.scripts  # noqa: E402
 from studylib import cli  # noqa: E402
 from studylib.device import prepare_device  # noqa: E402
 from studylib.environment import world_environment  # noqa: E402
@@ -19,7 +27,6 @@ from studylib.launch import device_failure, train_one  # noqa: E402
 from studylib.records import FailedTry  # noqa: E402
 from studylib.setup import setup_process  # noqa: E402
 
-pytestmark = needs_cuda_build
 
 
 def study_args(image_folder, device):
@@ -36,6 +43,7 @@ PLACEMENT = [('auto', 1, [0]), ('cuda', 1, [0]), ('cuda:1', 1, [1]),
              ('auto', 2, [0, 1]), ('cuda', 2, [0, 1]), ('cuda:1', 2, [1, 1])]
 
 
+@needs_cuda_build
 @pytest.mark.parametrize('device, size, gpus', PLACEMENT)
 def test_each_process_gets_its_gpu_and_sets_it_up(device, size, gpus, image_folder, monkeypatch):
     infos = []
@@ -55,6 +63,7 @@ def test_each_process_gets_its_gpu_and_sets_it_up(device, size, gpus, image_fold
     assert environment['device'] == 'cuda' and environment['precision'] == 'fp16'
 
 
+@needs_cuda_build
 @pytest.mark.parametrize('device, size, local_rank, message', [
     ('cuda:2', 1, 0, "--device cuda:2: .* has 2 GPUs, cuda:0 to cuda:1"),
     ('cuda:7', 2, 1, "--device cuda:7: .* has 2 GPUs, cuda:0 to cuda:1"),
@@ -68,6 +77,7 @@ def test_a_gpu_past_the_last_is_refused_in_one_line(device, size, local_rank, me
             setup_process(study_args(image_folder, device), world(size, local_rank))
 
 
+@needs_cuda_build
 def test_without_a_gpu_cuda_is_refused(image_folder, monkeypatch):
     with cuda_stand_in(monkeypatch, count=0):
         with pytest.raises(StudyError, match='sees no CUDA device; use --device cpu or auto'):
@@ -87,6 +97,7 @@ class FailingRunner:
         raise RuntimeError('CUDA error: an illegal memory access was encountered')
 
 
+@needs_cuda_build
 def test_a_run_that_fails_with_a_cuda_error_is_recorded(monkeypatch):
     with cuda_stand_in(monkeypatch, count=1) as driver:
         torch.cuda.init()
@@ -100,3 +111,71 @@ def test_a_run_that_fails_with_a_cuda_error_is_recorded(monkeypatch):
         driver.sticky_error = None
         assert device_failure(FailingRunner.device) is None  # an out-of-memory run: memory freed
         assert driver.calls[-1] == ('emptyCache',)
+
+
+def hiverge_study(study_main, image_folder, study_dir, *flags):
+    return study_main(['airbench94_hiverge', '--runs', '2', '--study-dir', str(study_dir),
+                       '--save-logits', *flags, '--', *training(warmup=True),
+                       '--data-dir', image_folder])
+
+
+def test_saved_logits_are_the_methods_own(study_main, image_folder, tmp_path):
+    """airbench94_hiverge gives TTA to the least confident quarter of the test images: its saved
+    TTA logits are the plain ones on the other three quarters, exactly (not TTA on every image)."""
+    study_dir = tmp_path / 'study'
+    assert hiverge_study(study_main, image_folder, study_dir, '--val-split', '64') == 0
+    for (config, run), record in records(study_dir).items():
+        outputs = torch.load(study_dir / 'runs' / config / f'{run:05d}.pt')
+        num_test = len(outputs['logits'])
+        plain_rows = (outputs['logits'] == outputs['logits_plain']).all(1).sum().item()
+        assert plain_rows == num_test - int(num_test * 0.25) and num_test == 128
+        labels = torch.tensor(json.load(open(study_dir / 'test_labels.json')))
+        accuracy = (outputs['logits'].argmax(1) == labels).float().mean().item()
+        assert record['test_acc'] == accuracy and record['accuracy_on'] == 'validation'
+
+
+def test_the_warmup_meets_every_forward_pass_of_the_runs_and_their_outputs(
+        study_main, image_folder, tmp_path, monkeypatch):
+    """On CUDA a forward pass the warmup did not meet compiles (and captures a CUDA graph) inside
+    a timed run: the record lists such passes, and a study's runs and saved outputs have none."""
+    study_dir = tmp_path / 'study'
+    assert hiverge_study(study_main, image_folder, study_dir, '--val-split', '64') == 0
+    for record in records(study_dir).values():
+        assert record['forward_variants_not_warmed_up'] == []
+    # The control: a warmup that skips the saved outputs' evaluation leaves its passes unmet
+    runner_warm_up = studylib.runs.Runner.warm_up
+
+    def warm_up_without_outputs(runner, configs):
+        monkeypatch.setattr(runner, 'evaluates_test_set', lambda: False)
+        runner_warm_up(runner, configs)
+        monkeypatch.undo()
+    monkeypatch.setattr(studylib.runs.Runner, 'warm_up', warm_up_without_outputs)
+    control_dir = tmp_path / 'control'
+    assert hiverge_study(study_main, image_folder, control_dir, '--val-split', '64') == 0
+    for record in records(control_dir).values():
+        unmet = record['forward_variants_not_warmed_up']
+        # TTA on 32 of the 128 test images: 6 views of 8 images, and 2000 is bigger than 128
+        assert unmet and all(': eval, no grad,' in variant for variant in unmet), unmet
+        assert 'airbench94_hiverge network 1: eval, no grad, 192x3x32x32 float32' in ' '.join(unmet)
+
+
+def test_configurations_that_differ_beyond_the_architecture_share_one_network(
+        study_main, image_folder, tmp_path, monkeypatch):
+    """A network (on CUDA: compiled, with its CUDA graphs' memory) per script and architecture:
+    configurations that differ in TTA or the whitening's init use the same one."""
+    built = []
+    module = studylib.scripts.load_script(os.path.join(REPO, 'airbench94.py'))
+    build_net = module.build_net
+
+    def recording(arch, *args):
+        built.append(arch['widths']['block1'])  # as build_net reads it: no other entry read
+        return build_net(arch, *args)
+    monkeypatch.setattr(module, 'build_net', recording)
+    monkeypatch.setattr(studylib.scripts, 'load_script', lambda path: module)
+    assert study_main(['airbench94', '--runs', '1', '--study-dir', str(tmp_path / 'study'),
+                       '--config', 'base', '--config', 'tta1', 'net.tta_level=1',
+                       '--config', 'eps', 'net.whiten_eps=0.001', '--config', 'narrow',
+                       "net.widths={'block1': 8, 'block2': 8, 'block3': 8}",
+                       '--', *training(warmup=True), '--data-dir', image_folder]) == 0
+    assert built == [16, 8]
+    assert len(records(tmp_path / 'study')) == 4
