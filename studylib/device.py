@@ -1,6 +1,8 @@
 """A study's device: the device and precision its flags name, how this process sets it up, and
 what torch.compile has compiled on it."""
+import contextlib
 import ctypes
+import logging
 import os
 import socket
 import sys
@@ -76,3 +78,43 @@ def compiled_graph_count():
     """Graphs torch.compile has compiled in this process (0 where nothing is compiled)."""
     dynamo_utils = sys.modules.get('torch._dynamo.utils')
     return dynamo_utils.counters['stats']['unique_graphs'] if dynamo_utils else 0
+
+
+class RecompileLimitHits(logging.Handler):
+    """The warnings in which torch.compile says that it hit its recompile limit (every torch
+    version says it so): past it, dynamo runs each new variant of the function eagerly."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.hits = []
+
+    def emit(self, record):
+        message = record.getMessage()
+        if message.startswith('torch._dynamo hit config.'):
+            self.hits.append(message.splitlines()[0])
+
+
+@contextlib.contextmanager
+def recompile_limits(num_configs):
+    """torch.compile's recompile limit, for a process that holds several configurations' networks.
+
+    The limit (8 variants of a function) is kept per code object, and compiled networks share one:
+    torch.compile(net.forward) compiles torch's own wrapper of nn.Sequential's forward for every
+    network of the process. So each configuration gets the limit its script has alone (the limit
+    times the configurations), a hit raises where torch can (2.5 on; a run stops there), and every
+    hit is noted (yields the RecompileLimitHits): a run is never timed eagerly where its script
+    alone compiles."""
+    import torch._dynamo  # noqa: F401  (its config; a study compiles, or its scripts may)
+    config = torch._dynamo.config
+    limits = dict(cache_size_limit=config.cache_size_limit * num_configs,
+                  accumulated_cache_size_limit=config.accumulated_cache_size_limit * num_configs)
+    if hasattr(config, 'fail_on_cache_limit_hit'):
+        limits['fail_on_cache_limit_hit'] = True
+    watch = RecompileLimitHits()
+    logger = logging.getLogger('torch._dynamo')
+    logger.addHandler(watch)
+    try:
+        with config.patch(**limits):
+            yield watch
+    finally:
+        logger.removeHandler(watch)

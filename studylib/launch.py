@@ -13,7 +13,7 @@ import torch
 from . import report
 from .cli import parse_args
 from .collect import Collector
-from .device import prepare_device
+from .device import prepare_device, recompile_limits
 from .distribute import MAX_ATTEMPTS, Heartbeat, Liveness, Queue, StoreLost, World
 from .errors import ReportFailed, RunsFailed, Stopped, StudyError
 from .records import FailedTry, Message
@@ -51,7 +51,7 @@ def device_failure(device):
     try:
         torch.cuda.empty_cache()
     except Exception as error:  # noqa: BLE001: whatever CUDA raises, the process is done
-        return f'{type(error).__name__}: {error}'
+        return f'its device fails every call ({type(error).__name__}: {error})'
     return None
 
 
@@ -116,12 +116,12 @@ def work(args, world, plan, runner, collector):
         publish(world, queue, index, record, outputs)
         if collector is not None:
             collector.collect()
-        failure = device_failure(runner.device) if record.failed else None
+        failure = (device_failure(runner.device) or runner.compiles_eagerly()) \
+            if record.failed else None
         if failure:
-            raise RunsFailed(f'{runner.device} of this process (rank {world.rank}, '
-                             f'{socket.gethostname()}) fails every call since {config} run {run} '
-                             f'failed ({failure}); its failure is recorded, and the same command '
-                             'retries it')
+            raise RunsFailed(f'this process (rank {world.rank}, {socket.gethostname()}, '
+                             f'{runner.device}) stops: {failure}; the failure of {config} run '
+                             f'{run} is recorded, and the same command retries it')
         broken.check(record)
 
 
@@ -156,7 +156,6 @@ def train_and_report(args, world, command, replacing):
     else:
         process, plan, lock = first_plan(args, world, command)
     prepare_device(process.device, process.flags.deterministic)
-    runner = Runner(args, process, world, plan['launch'])
     collector = None
     if world.rank == 0:
         collector = world.collector = Collector(world, plan, args.study_dir)
@@ -169,8 +168,10 @@ def train_and_report(args, world, command, replacing):
               f"{world.size} on {plan['environment']['hosts']} ({process.device.type}, "
               f'{process.precision})', flush=True)
     try:
-        runner.warm_up(sorted({config for config, _ in plan['jobs']}))
-        work(args, world, plan, runner, collector)
+        with recompile_limits(len(process.configs)) as recompile_limit_hits:
+            runner = Runner(args, process, world, plan['launch'], recompile_limit_hits)
+            runner.warm_up(sorted({config for config, _ in plan['jobs']}))
+            work(args, world, plan, runner, collector)
     except BaseException:  # stopped early: what has arrived is kept, and the report written
         report_error = close_launch(args, collector, lock)
         if report_error:

@@ -15,6 +15,7 @@ import torch
 from .data import dummy_dataset
 from .device import compiled_graph_count
 from .environment import device_model
+from .errors import RunsFailed
 from .records import RunRecord
 
 
@@ -135,11 +136,16 @@ def warmup_key(script_path, hyp):
     return script_path, json.dumps(hyp, sort_keys=True)
 
 
+class RecompileLimitHit(Exception):
+    """torch.compile ran a variant eagerly that a script alone compiles (its recompile limit)."""
+
+
 class Runner:
     """Trains runs of the study on this process's device and makes their records."""
 
-    def __init__(self, args, process, world, launch):
+    def __init__(self, args, process, world, launch, recompile_limit_hits):
         self.args, self.world, self.launch = args, world, launch
+        self.recompile_limit_hits = recompile_limit_hits  # studylib.device.recompile_limits's
         self.configs, self.scripts = process.configs, process.scripts
         self.flags = process.flags  # the flags after --: the same for every configuration
         self.source_seeds = process.scripts[args.script].module.source_seeds  # runs stay paired
@@ -189,11 +195,16 @@ class Runner:
                                   hyp['opt']['batch_size'], len(self.eval_split['labels']),
                                   self.device)
             self.variants.take()
-            result = script.module.train(dummy, hyp, self.device, self.precision,
-                                         self.source_seeds(0), self.net(config),
-                                         epoch_eval=self.flags.epoch_eval)
-            if self.evaluates_test_set():  # the forward passes of the run's outputs too
-                self.test_logits(config, result['net'])
+            try:
+                result = script.module.train(dummy, hyp, self.device, self.precision,
+                                             self.source_seeds(0), self.net(config),
+                                             epoch_eval=self.flags.epoch_eval)
+                if self.evaluates_test_set():  # the forward passes of the run's outputs too
+                    self.test_logits(config, result['net'])
+            except Exception as error:  # noqa: BLE001: said in one line, the launch stopped
+                reason = self.compiles_eagerly() or f'{type(error).__name__}: {error}'
+                raise RunsFailed(f'the warmup of configuration {config} failed ({reason}); no '
+                                 'run was trained on this process') from error
             self.variants.warmed_up |= self.variants.take()
             self.warmed_up.add(key)
 
@@ -232,8 +243,27 @@ class Runner:
             key: value[mask.to(self.device)] for key, value in self.train_split.items()}
         return {**self.data, 'train': train_split, 'test': self.eval_split}, mask, subset_seed
 
+    def compiles_eagerly(self):
+        """Why this process's runs may no longer be compiled as their scripts compile them alone
+        (torch.compile hit its recompile limit: new variants run eagerly), or None."""
+        hits = self.recompile_limit_hits.hits
+        if not hits:
+            return None
+        return (f'{hits[0]} in this process: torch.compile runs what it has not compiled '
+                'eagerly from then on, where each script alone compiles it, so the runs are not '
+                'timed (studylib.device.recompile_limits)')
+
     def run(self, config, run):
-        """Train one run: its record, and its outputs (logits, subset mask) as torch.save bytes."""
+        """Train one run: its record, and its outputs (logits, subset mask) as torch.save bytes.
+        A run during or after which torch.compile hit its recompile limit raises."""
+        try:
+            return self.train_run(config, run)
+        finally:
+            reason = self.compiles_eagerly()
+            if reason:
+                raise RecompileLimitHit(reason)
+
+    def train_run(self, config, run):
         args, script, hyp = self.args, self.script(config), self.configs[config].hyp
         seeds = run_seeds(self.source_seeds, args.seed, run, args.vary)
         data, mask, subset_seed = self.run_data(run)

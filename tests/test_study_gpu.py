@@ -6,6 +6,7 @@ compile: the saved outputs evaluated as the method evaluates, every forward pass
 the warmup, one network per architecture."""
 import glob
 import json
+import logging
 import os
 import types
 
@@ -26,6 +27,8 @@ from studylib.errors import StudyError  # noqa: E402
 from studylib.launch import device_failure, train_one  # noqa: E402
 from studylib.records import FailedTry  # noqa: E402
 from studylib.setup import setup_process  # noqa: E402
+
+STAND_IN = os.path.join(REPO, 'tests', 'stand_in_script.py')
 
 
 
@@ -179,3 +182,92 @@ def test_configurations_that_differ_beyond_the_architecture_share_one_network(
                        '--', *training(warmup=True), '--data-dir', image_folder]) == 0
     assert built == [16, 8]
     assert len(records(tmp_path / 'study')) == 4
+
+
+def test_a_run_during_which_torch_compile_hit_its_limit_fails_and_the_process_stops(
+        study_main, image_folder, tmp_path, monkeypatch):
+    """Past its recompile limit torch.compile runs new variants eagerly and says so only in a
+    warning: the run in which it says so is recorded as failed (not timed eagerly), and so would
+    every later run of the process be, so the process stops."""
+    module = studylib.scripts.load_script(STAND_IN)
+    train = module.train
+
+    def train_hitting_the_limit(data, hyp, device, precision, seeds, *args, **kwargs):
+        if seeds == module.source_seeds(1):  # run 1, as dynamo words it (convert_frame.py)
+            logging.getLogger('torch._dynamo.convert_frame').warning(
+                'torch._dynamo hit config.%s (%s)\n   function: %s', 'recompile_limit', 8, 'inner')
+        return train(data, hyp, device, precision, seeds, *args, **kwargs)
+    monkeypatch.setattr(module, 'train', train_hitting_the_limit)
+    study_dir = tmp_path / 'study'
+    assert study_main([STAND_IN, '--runs', '3', '--study-dir', str(study_dir), '--', '--dataset',
+                       'folder', '--device', 'cpu', '--no-warmup', '--data-dir', image_folder],
+                      script=module) == 2
+    assert sorted(records(study_dir)) == [('baseline', 0)]
+    failed = json.load(open(study_dir / 'runs' / 'baseline' / '00001.failed.json'))
+    (attempt,) = failed['failures']
+    assert attempt['error_type'] == 'RecompileLimitHit'
+    assert 'hit config.recompile_limit (8)' in attempt['error']
+    assert not glob.glob(str(study_dir / 'runs' / 'baseline' / '00002*'))
+
+def compiling_as_on_cuda(monkeypatch, graphs):
+    """Every script compiled as on CUDA (compiles(device) forced), by dynamo with a backend that
+    records each graph (its inputs' shapes) and runs it eagerly; each graph is appended to graphs
+    with the (script, block1 width) of the train() call that compiled it."""
+    compile_function = torch.compile
+    current = [None]
+
+    def recording_backend(graph_module, example_inputs):
+        graphs.append((current[0], tuple(tuple(t.shape) for t in example_inputs
+                                         if isinstance(t, torch.Tensor))))
+        return graph_module.forward
+    monkeypatch.setattr(torch, 'compile', lambda model, mode=None, **kwargs:
+                        compile_function(model, backend=recording_backend, **kwargs))
+    load = studylib.scripts.load_script
+
+    def load_compiling(path):
+        module = load(path)
+        module.compiles = lambda device: True
+        train = module.train
+
+        def train_noting(data, hyp, *args, **kwargs):
+            current[0] = (os.path.basename(path)[:-3], hyp['net']['widths']['block1'])
+            return train(data, hyp, *args, **kwargs)
+        module.train = train_noting
+        return module
+    monkeypatch.setattr(studylib.scripts, 'load_script', load_compiling)
+
+
+MIXED = [('hiverge', 'airbench94_hiverge'), ('muon', 'airbench94_muon'),
+         ('compiled', 'airbench94_compiled'),
+         ('hiverge16', 'airbench94_hiverge', "net.widths={'block1': 16, 'block2': 16, 'block3': 16}")]
+
+
+@pytest.mark.slow
+def test_each_configuration_of_a_mixed_study_compiles_what_its_script_compiles_alone(
+        study_main, image_folder, tmp_path, monkeypatch):
+    """Four compiled networks in one process: with torch.compile's limit of 8 variants shared by
+    them all (nn.Sequential's forward), a study of these ran some of them eagerly. Here every
+    configuration compiles, in its warmup, the same graphs as in a study of it alone, none in its
+    runs, and no run is failed for a limit hit."""
+    import torch._dynamo
+    monkeypatch.setattr(torch._dynamo.config, 'fail_on_recompile_limit_hit', True, raising=False)
+    graphs = []
+    compiling_as_on_cuda(monkeypatch, graphs)
+    flags = ['--', *training(width=8, warmup=True), '--data-dir', image_folder]
+    torch._dynamo.reset()
+    study_dir = tmp_path / 'mixed'
+    assert study_main(['airbench94_hiverge', '--runs', '1', '--study-dir', str(study_dir),
+                       *[word for config in MIXED for word in ('--config', *config)],
+                       *flags]) == 0
+    found = records(study_dir)
+    assert sorted(config for config, _ in found) == sorted(config[0] for config in MIXED)
+    assert all(record['graphs_compiled_during_run'] == 0 for record in found.values())
+    mixed = sorted(graphs)
+    alone = []
+    for config in MIXED:
+        torch._dynamo.reset()
+        graphs.clear()
+        assert study_main([config[1], '--runs', '1', '--study-dir', str(tmp_path / config[0]),
+                           '--config', *config, *flags]) == 0
+        alone += graphs
+    assert mixed == sorted(alone) and len(set(script for script, _ in mixed)) == 4
