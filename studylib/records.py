@@ -36,7 +36,7 @@ class RunRecord:
     launch: str
     finished: str
     subset_seed: int | None = None       # with --train-subset
-    forward_variants_not_warmed_up: list | None = None  # with the warmup: [] when it met them all
+    forward_variants_not_warmed_up: list | None = None  # a config's first run: [] if all warmed
     earlier_failures: int | None = None  # tries of earlier launches that failed
 
     failed = False

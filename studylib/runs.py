@@ -1,6 +1,7 @@
 """Training the runs of a study on this process's device: the data of each run (subset, validation
 split), the warmup of every network before the first timed run, and each run's record and
 outputs."""
+import contextlib
 import copy
 import datetime
 import hashlib
@@ -88,27 +89,35 @@ class EntriesRead(dict):
 class ForwardVariants:
     """The forward passes of the study's networks, each as the variant a compiled network compiles
     a graph for: train or eval mode, grad mode, the input's shape, dtype and memory format, and
-    which parameters train (the whitening bias's freeze). A forward pre-hook records them."""
+    which parameters train (the whitening bias's freeze). Recorded by a forward pre-hook in the
+    warmups and in each configuration's first run of the process; later runs of a configuration
+    meet the same passes, and run without the hook (a few microseconds a pass), as their script
+    alone runs."""
 
     def __init__(self):
-        self.seen = set()
         self.warmed_up = set()
+        self.checked = set()  # the configurations whose first run was recorded
 
-    def watch(self, net, label):
+    @contextlib.contextmanager
+    def recording(self, net, label):
+        """Yields the set that receives the variants met inside the block."""
+        seen = set()
+        if not isinstance(net, torch.nn.Module):  # a copy's network may be anything
+            yield seen
+            return
         parameters = list(net.parameters())
 
         def record(module, inputs):
             images = inputs[0]
-            self.seen.add((label, module.training, torch.is_grad_enabled(), tuple(images.shape),
-                           str(images.dtype).removeprefix('torch.'),
-                           images.is_contiguous(memory_format=torch.channels_last),
-                           sum(p.requires_grad for p in parameters), len(parameters)))
-        net.register_forward_pre_hook(record)
-
-    def take(self):
-        """The variants met since the last take."""
-        seen, self.seen = self.seen, set()
-        return seen
+            seen.add((label, module.training, torch.is_grad_enabled(), tuple(images.shape),
+                      str(images.dtype).removeprefix('torch.'),
+                      images.is_contiguous(memory_format=torch.channels_last),
+                      sum(p.requires_grad for p in parameters), len(parameters)))
+        hook = net.register_forward_pre_hook(record)
+        try:
+            yield seen
+        finally:
+            hook.remove()
 
     def not_warmed_up(self, variants):
         """Descriptions of the variants that no warmup met: on CUDA, each compiles a graph (and
@@ -179,9 +188,14 @@ class Runner:
         seen = EntriesRead(arch)
         net = script.module.build_net(seen, len(self.data['classes']), self.device, self.precision)
         self.nets.append((script.path, {key: arch[key] for key in seen.read}, net))
-        if isinstance(net, torch.nn.Module):
-            self.variants.watch(net, f'{script.label} network {len(self.nets)}')
         return net
+
+    def net_label(self, config):
+        """How the records name a configuration's network: its script, and its place in the
+        process's list of networks."""
+        net = self.net(config)
+        index = next(i for i, (_, _, built) in enumerate(self.nets) if built is net)
+        return f'{self.script(config).label} network {index + 1}'
 
     def warm_up(self, configs):
         """Before the first timed run, one untimed run on dummy data of every (script, hyp) that
@@ -194,18 +208,18 @@ class Runner:
             dummy = dummy_dataset(script.module.infer, len(self.data['classes']),
                                   hyp['opt']['batch_size'], len(self.eval_split['labels']),
                                   self.device)
-            self.variants.take()
             try:
-                result = script.module.train(dummy, hyp, self.device, self.precision,
-                                             self.source_seeds(0), self.net(config),
-                                             epoch_eval=self.flags.epoch_eval)
-                if self.evaluates_test_set():  # the forward passes of the run's outputs too
-                    self.test_logits(config, result['net'])
+                with self.variants.recording(self.net(config), self.net_label(config)) as seen:
+                    result = script.module.train(dummy, hyp, self.device, self.precision,
+                                                 self.source_seeds(0), self.net(config),
+                                                 epoch_eval=self.flags.epoch_eval)
+                    if self.evaluates_test_set():  # the forward passes of the run's outputs too
+                        self.test_logits(config, result['net'])
             except Exception as error:  # noqa: BLE001: said in one line, the launch stopped
                 reason = self.compiles_eagerly() or f'{type(error).__name__}: {error}'
                 raise RunsFailed(f'the warmup of configuration {config} failed ({reason}); no '
                                  'run was trained on this process') from error
-            self.variants.warmed_up |= self.variants.take()
+            self.variants.warmed_up |= seen
             self.warmed_up.add(key)
 
     def normalized_test_images(self, config):
@@ -267,13 +281,18 @@ class Runner:
         args, script, hyp = self.args, self.script(config), self.configs[config].hyp
         seeds = run_seeds(self.source_seeds, args.seed, run, args.vary)
         data, mask, subset_seed = self.run_data(run)
+        checks = self.flags.warmup and config not in self.variants.checked
+        net = self.net(config)
+        recording = self.variants.recording(net, self.net_label(config)) if checks else \
+            contextlib.nullcontext()
         graphs_before = compiled_graph_count()
-        self.variants.take()
-        result = script.module.train(data, hyp, self.device, self.precision, seeds,
-                                     self.net(config), self.flags.epoch_eval)
-        graphs = compiled_graph_count() - graphs_before
-        outputs, test_acc = self.outputs(config, result['net'], mask)
-        unwarmed = self.variants.not_warmed_up(self.variants.take()) if self.flags.warmup else None
+        with recording as seen:
+            result = script.module.train(data, hyp, self.device, self.precision, seeds, net,
+                                         self.flags.epoch_eval)
+            graphs = compiled_graph_count() - graphs_before
+            outputs, test_acc = self.outputs(config, result['net'], mask)
+        unwarmed = self.variants.not_warmed_up(seen) if checks else None
+        self.variants.checked.add(config)
         losses = result['epoch_train_losses']
         record = RunRecord(
             config=config, run=run, script=script.label, seed=args.seed + run, seeds=seeds,
