@@ -11,8 +11,11 @@ from the first touch of training data (whitening init) to the test predictions (
 Changes relative to airbench94.py (line by line: docs/layout.md): build_net compiles the network
 (static shapes; max-autotune on CUDA), and on CUDA the untimed warmup compiles every graph a run
 needs, so nothing compiles when timed (on a CPU its two steps do not: time it there with study.py,
-whose warmup compiles them all); infer clones the plain view's logits and gives TTA's shifted views
-the input's strides (one graph per batch size).
+whose warmup compiles them all); training's graphs compute the loss too, each epoch's augmentation
+is compiled (its random draws made eagerly), Lookahead updates with foreach operations; infer
+clones the plain view's logits and gives TTA's shifted views the input's strides (one graph per
+batch size); a run is timed in one window on the device's clock (CUDA events), with no host
+synchronization inside it, its per-epoch figures read after it.
 
 Run: python airbench94_compiled.py --runs 25 (see --help). Importing it only defines
 things: the method, then below the banner "Running the script" what runs it (alike in all scripts).
@@ -55,42 +58,72 @@ hyp = {
 }
 
 # ----------------------------------- Augmentation and the loader ----------------------------------
-def batch_flip_lr(images, generator=None):
-    """Mirror each image left-right with probability 1/2."""
-    flip_mask = torch.rand(len(images), device=images.device, generator=generator) < 0.5
-    return torch.where(flip_mask.view(-1, 1, 1, 1), images.flip(-1), images)
+# An epoch's augmentation is arithmetic on the whole training set from a few random draws per image.
+# The draws come eagerly from the loader's generator (compiled code draws from no torch.Generator);
+# the arithmetic is one function, compiled where the network is (fused into a pass or two).
+def compiled_per_image(function):
+    """function under torch.compile, with static shapes but for its tensor arguments' first
+    dimension, one per image: the warmup's few images and a run's training set share its graph."""
+    compiled = torch.compile(function, dynamic=False)
 
-def batch_crop(padded_images, crop_size, generator=None):
-    """Crop each image at its own uniformly random position: a random translation, once padded."""
-    n, max_shift = len(padded_images), padded_images.size(-1) - crop_size
-    shifts = torch.randint(max_shift + 1, (n, 2), device=padded_images.device, generator=generator)
-    # windows[i, c, y, x] is the crop_size x crop_size window of image i whose corner is at (y, x)
-    windows = padded_images.unfold(2, crop_size, 1).unfold(3, crop_size, 1)
-    return windows[torch.arange(n, device=padded_images.device), :, shifts[:, 0], shifts[:, 1]]
+    def call(*args):
+        for arg in args:
+            if isinstance(arg, torch.Tensor):
+                torch._dynamo.mark_dynamic(arg, 0)
+        return compiled(*args)
+    return call
 
-def batch_cutout(images, size, generator=None):
-    """Zero one size x size square per image, at a uniformly random position inside the image."""
-    n, _, height, width = images.shape
-    top = torch.randint(height - size + 1, (n, 1, 1), device=images.device, generator=generator)
-    left = torch.randint(width - size + 1, (n, 1, 1), device=images.device, generator=generator)
-    rows = torch.arange(height, device=images.device).view(1, -1, 1)
-    cols = torch.arange(width, device=images.device).view(1, 1, -1)
-    inside = (rows >= top) & (rows < top + size) & (cols >= left) & (cols < left + size)
-    return images.masked_fill(inside.unsqueeze(1), 0)
+def coin_flips(n, device, generator=None):
+    """n fair coin flips: True mirrors that image."""
+    return torch.rand(n, device=device, generator=generator) < 0.5
+
+def coin_flips(n, device, generator=None):
+    """n fair coin flips: True mirrors that image."""
+    return torch.rand(n, device=device, generator=generator) < 0.5
+
+def prepared_images(images, mean, std, mirror, pad):
+    """The first epoch's work, kept for the later ones: the images normalized, those where mirror
+    is True (None: none) mirrored left-right, and reflect-padded by pad pixels (0: none)."""
+    images = (images - mean) / std
+    if mirror is not None:
+        images = torch.where(mirror.view(-1, 1, 1, 1), images.flip(-1), images)
+    return F.pad(images, (pad,) * 4, mode='reflect') if pad > 0 else images
+
+def augmented_images(padded_images, crop_size, shifts, mirror, cutout_tops, cutout_lefts,
+                     cutout_size):
+    """An epoch's images: each cropped from the padded ones with its corner at shifts (y, x) (None:
+    not padded), mirrored left-right where mirror is True, then with a cutout_size square zeroed
+    at its top and left row and column, cutout_tops and cutout_lefts (None: no cutout)."""
+    images = padded_images
+    if shifts is not None:
+        # windows[i, c, y, x]: image i's crop_size x crop_size window with its corner at (y, x)
+        windows = padded_images.unfold(2, crop_size, 1).unfold(3, crop_size, 1)
+        each = torch.arange(len(images), device=images.device)
+        images = windows[each, :, shifts[:, 0], shifts[:, 1]]
+    images = torch.where(mirror.view(-1, 1, 1, 1), images.flip(-1), images)
+    if cutout_tops is not None:
+        rows = torch.arange(images.size(-2), device=images.device).view(1, -1, 1)
+        cols = torch.arange(images.size(-1), device=images.device).view(1, 1, -1)
+        inside = ((rows >= cutout_tops) & (rows < cutout_tops + cutout_size) &
+                  (cols >= cutout_lefts) & (cols < cutout_lefts + cutout_size))
+        images = images.masked_fill(inside.unsqueeze(1), 0)
+    return images
 
 class CifarLoader:
     """Random batches (the last partial one dropped) of images held on the device, augmented an
     epoch at a time; order and augmentation each from its own generator (None: torch's default).
-    Alternating flip: epoch 0 mirrors a random half of the images; then each epoch the others."""
+    Alternating flip: epoch 0 mirrors a random half of the images; then each epoch the others.
+    compiled: the later epochs' arithmetic under torch.compile (compiled_per_image)."""
 
     def __init__(self, images, labels, batch_size, mean, std, aug, dtype=torch.float32,
-                 order_generator=None, aug_generator=None, sampling='reshuffle'):
+                 order_generator=None, aug_generator=None, sampling='reshuffle', compiled=False):
         self.images = images.permute(0, 3, 1, 2).to(dtype) / 255  # uint8 NHWC -> [0, 1] NCHW
         self.labels, self.batch_size, self.aug, self.sampling = labels, batch_size, aug, sampling
         self.order_generator, self.aug_generator, self.epoch = order_generator, aug_generator, 0
         self.mean = torch.tensor(mean, device=images.device, dtype=dtype).view(1, -1, 1, 1)
         self.std = torch.tensor(std, device=images.device, dtype=dtype).view(1, -1, 1, 1)
         self.padded_images = None  # normalized, pre-flipped and reflect-padded in the first epoch
+        self.augment = compiled_per_image(augmented_images) if compiled else augmented_images
 
     def normalize(self, images):
         return (images - self.mean) / self.std
@@ -99,22 +132,33 @@ class CifarLoader:
         return len(self.images) // self.batch_size
 
     def augmented_epoch(self):
-        flip, pad, cutout = self.aug['flip'], self.aug['translate'], self.aug['cutout']
+        """The epoch's images; the draws in the order of the arithmetic (flip, crop, cutout)."""
+        flip = self.aug['flip']
+        pad = self.aug['translate']
+        cutout = self.aug['cutout']
+        n = len(self.images)
+        device = self.images.device
+        generator = self.aug_generator
         if self.padded_images is None:
-            images = self.normalize(self.images)
-            if flip == 'alternating':
-                images = batch_flip_lr(images, self.aug_generator)
-            self.padded_images = F.pad(images, (pad,) * 4, mode='reflect') if pad > 0 else images
-        images = self.padded_images
+            first_mirror = coin_flips(n, device, generator) if flip == 'alternating' else None
+            self.padded_images = prepared_images(self.images, self.mean, self.std, first_mirror,
+                                                 pad)
+        shifts = None
         if pad > 0:
-            images = batch_crop(images, self.images.size(-1), self.aug_generator)
-        if flip == 'alternating' and self.epoch % 2 == 1:
-            images = images.flip(-1)
-        elif flip == 'random':
-            images = batch_flip_lr(images, self.aug_generator)
+            shifts = torch.randint(2 * pad + 1, (n, 2), device=device, generator=generator)
+        if flip == 'random':
+            mirror = coin_flips(n, device, generator)
+        else:  # alternating: pre-flipped in the first epoch, all mirrored back in every odd one
+            mirrored_back = flip == 'alternating' and self.epoch % 2 == 1
+            mirror = torch.full((n,), mirrored_back, device=device)
+        cutout_tops = None
+        cutout_lefts = None
         if cutout > 0:
-            images = batch_cutout(images, cutout, self.aug_generator)
-        return images
+            corners = self.images.size(-1) - cutout + 1  # the square fits inside the image
+            cutout_tops = torch.randint(corners, (n, 1, 1), device=device, generator=generator)
+            cutout_lefts = torch.randint(corners, (n, 1, 1), device=device, generator=generator)
+        return self.augment(self.padded_images, self.images.size(-1), shifts, mirror, cutout_tops,
+                            cutout_lefts, cutout)
 
     def __iter__(self):
         images = self.augmented_epoch()
@@ -201,6 +245,19 @@ def recompile_on_requires_grad():
     elif '2.7' <= torch.__version__ < '2.12':
         torch._dynamo.config.skip_tensor_guards_with_matching_dict_tags = False
 
+def with_loss(forward):
+    """A network's forward (images to logits) that, given labels, also returns the logits'
+    label-smoothed cross-entropy in fp32, summed over the batch: the training step's loss, in the
+    network's graph where the network is compiled (not run eagerly after it)."""
+    def forward_and_loss(inputs, labels=None, label_smoothing=0.0):
+        outputs = forward(inputs)
+        if labels is None:
+            return outputs
+        loss = F.cross_entropy(outputs.float(), labels, label_smoothing=label_smoothing,
+                               reduction='sum')
+        return outputs, loss
+    return forward_and_loss
+
 def build_net(arch, num_classes, device, precision):
     """make_net from hyp['net'], on the device in a precision recipe, channels_last, and compiled.
     'fp16': the paper's CUDA recipe (fp16 weights and activations, BatchNorm in fp32); 'bf16': fp32
@@ -210,7 +267,8 @@ def build_net(arch, num_classes, device, precision):
     happens at the first calls. The same graphs on every torch from 2.4 (docs/tests.md, "Torch
     versions"): the forward is compiled, not the module (before 2.14 net.compile() skips
     nn.Sequential's own code, so it made a graph per block and ran the layers between them
-    eagerly), and the whitening bias's freeze compiles new graphs (recompile_on_requires_grad)."""
+    eagerly), and the whitening bias's freeze compiles new graphs (recompile_on_requires_grad).
+    Its forward given labels also returns the loss (with_loss): one graph for both in training."""
     net = make_net(arch['widths'], num_classes, arch['batchnorm_momentum'], arch['scaling_factor'])
     net = net.to(device=device, memory_format=torch.channels_last)
     if precision == 'fp16':
@@ -218,6 +276,7 @@ def build_net(arch, num_classes, device, precision):
         for module in net.modules():
             if isinstance(module, nn.BatchNorm2d):
                 module.float()
+    net.forward = with_loss(net.forward)
     recompile_on_requires_grad()
     net.forward = torch.compile(net.forward, mode='max-autotune' if device.type == 'cuda' else None,
                                 dynamic=False)
@@ -291,40 +350,74 @@ def lr_schedule(total_steps, start=0.2, peak_fraction=0.23, end=0.07):
 
 class LookaheadState:
     """A slow copy of the model state's floats (parameters, BatchNorm statistics). update() moves it
-    toward the live model by (1 - decay), then sets the live model to it."""
+    toward the live model by (1 - decay), then sets the live model to it: a foreach operation over
+    the tensors of each dtype (a few kernels on CUDA, not two per tensor)."""
 
     def __init__(self, net):
-        self.slow = {key: t.clone() for key, t in net.state_dict().items() if t.is_floating_point()}
+        live = [t for t in net.state_dict().values() if t.is_floating_point()]
+        dtypes = sorted({t.dtype for t in live}, key=str)  # a foreach operation takes one dtype
+        self.live = [[t for t in live if t.dtype == dtype] for dtype in dtypes]
+        self.slow = [[t.clone() for t in tensors] for tensors in self.live]
 
     def update(self, net, decay):
         with torch.no_grad():
-            for name, live in net.state_dict().items():
-                if name in self.slow:
-                    self.slow[name].lerp_(live, 1 - decay)
-                    live.copy_(self.slow[name])
+            for slow, live in zip(self.slow, self.live):
+                torch._foreach_lerp_(slow, live, 1 - decay)
+                torch._foreach_copy_(live, slow)
 
 def lookahead_decay(step, total_steps):
     """The slow copy's decay: 0.95**5 at the end of training, ramping up as step**3."""
     return 0.95**5 * (step / total_steps)**3
 
 # -------------------------------------------- Training --------------------------------------------
-def synchronized_time(device):
-    """The clock (seconds) once the device has done its queued work (CUDA runs asynchronously)."""
-    if device.type == 'cuda':
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
+class DeviceClock:
+    """The device's time, marked without making the host wait: on CUDA, which queues the host's
+    work, CUDA events in the queue, read once the device has passed them; on the CPU, which works
+    as the host asks, the host's clock. Marks alternate: the stretch from each even mark to the
+    next is timed, from each odd one to the next is not."""
+
+    def __init__(self, device):
+        self.queued = device.type == 'cuda'
+        self.marks = []
+
+    def mark(self):
+        if self.queued:
+            self.marks.append(torch.cuda.Event(enable_timing=True))
+            self.marks[-1].record()
+        else:
+            self.marks.append(time.perf_counter())
+
+    def seconds(self, upto=None):
+        """The timed seconds of the first `upto` marks (all by default); on CUDA the host waits
+        here until the device has passed the last of them."""
+        marks = self.marks[:upto]
+        pairs = list(zip(marks[::2], marks[1::2]))
+        if not self.queued:
+            return sum(stop - start for start, stop in pairs)
+        marks[-1].synchronize()
+        return sum(start.elapsed_time(stop) for start, stop in pairs) / 1000
 
 def source_seeds(seed):
     """Seeds of the three sources of randomness: initialization, data order, augmentation."""
     seeds = torch.randint(2**62, (3,), generator=torch.Generator().manual_seed(seed)).tolist()
     return dict(zip(('init', 'order', 'aug'), seeds))
 
+def read_figures(figures, total_time_seconds):
+    """An epoch's figures, read from the device: the last batch's mean loss and accuracy, the test
+    accuracy (None without evaluation) and the timed seconds by the epoch's end."""
+    val_acc = figures['val_acc']
+    return dict(epoch=figures['epoch'], train_loss=figures['loss'].item() / figures['batch'],
+                train_acc=figures['train_acc'].item(),
+                val_acc=None if val_acc is None else val_acc.item(),
+                total_time_seconds=total_time_seconds)
+
 def train(data, hyp, device, precision, seed, net=None, epoch_eval=True, on_epoch=None):
     """One run, determined by its seed: an int, or the seeds of source_seeds (each source of
     randomness has its own generator, so a study can vary one and hold the others). data: uint8
     images (N, 32, 32, 3) and labels of 'train' and 'test' on the device, 'classes', 'mean', 'std'.
     net: from build_net, reinitialized and trained in place (built when None). on_epoch(figures)
-    gets each epoch's figures, untimed (it may raise to stop). Returns the run's figures and net."""
+    gets each epoch's figures, untimed: on the CPU as the epoch ends, on CUDA when the run is over
+    (it may raise to stop). Returns the run's figures and net."""
     opt, arch = hyp['opt'], hyp['net']
     batch_size, epochs = opt['batch_size'], opt['train_epochs']
     dtype = torch.float16 if precision == 'fp16' else torch.float32
@@ -332,7 +425,8 @@ def train(data, hyp, device, precision, seed, net=None, epoch_eval=True, on_epoc
     seeds = seed if isinstance(seed, dict) else source_seeds(seed)
     generators = [torch.Generator(device).manual_seed(seeds[key]) for key in ('order', 'aug')]
     loader = CifarLoader(data['train']['images'], data['train']['labels'], batch_size, data['mean'],
-                         data['std'], hyp['aug'], dtype, *generators, sampling=opt['sampling'])
+                         data['std'], hyp['aug'], dtype, *generators, sampling=opt['sampling'],
+                         compiled=True)
     test_images, test_labels = data['test']['images'].permute(0, 3, 1, 2), data['test']['labels']
     test_images = loader.normalize(test_images.to(dtype) / 255)
     total_steps = ceil(len(loader) * epochs)
@@ -344,26 +438,29 @@ def train(data, hyp, device, precision, seed, net=None, epoch_eval=True, on_epoc
     optimizer = torch.optim.SGD(groups, momentum=opt['momentum'], nesterov=True)
     initial_lrs = [group['lr'] for group in optimizer.param_groups]
     lr_multipliers = lr_schedule(total_steps).tolist()
-    loss_fn = nn.CrossEntropyLoss(label_smoothing=opt['label_smoothing'], reduction='sum')
 
-    # Timed: the whitening init from the first 5000 training images (the first touch of the data)
-    start_time = synchronized_time(device)
+    # Timed: one stretch of the device's time from the whitening init (the first touch of the
+    # training data) to the test predictions, with no host synchronization in it (on CUDA each
+    # would let the device's queue run dry) but the whitening's eigh (its solver's check, before
+    # any training is queued); from each epoch's end to the next one's start (its figures, its
+    # evaluation) not timed. The figures stay on the device until read: on CUDA when the run is
+    # over, on the CPU (where reading waits for nothing) as each epoch ends.
+    clock = DeviceClock(device)
+    clock.mark()
     if arch['whiten']:
         init_whitening(net[0], loader.normalize(loader.images[:5000]), arch['whiten_eps'])
     lookahead = LookaheadState(net) if 0 < opt['lookahead_every'] <= total_steps else None
-    total_time_seconds = synchronized_time(device) - start_time
 
-    step, epoch_train_losses, val_acc = 0, [], None
+    step = 0
+    epoch_figures = []  # each epoch's, on the device
     for epoch in range(ceil(epochs)):
         net[0].bias.requires_grad = epoch < opt['whiten_bias_epochs'] or not arch['whiten']
-        start_time = synchronized_time(device)
         net.train()
         for inputs, labels in loader:
             for group, initial_lr in zip(optimizer.param_groups, initial_lrs):
                 group['lr'] = initial_lr * lr_multipliers[step]
             with autocast:
-                outputs = net(inputs)
-            loss = loss_fn(outputs.float(), labels)
+                outputs, loss = net(inputs, labels, opt['label_smoothing'])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -374,25 +471,34 @@ def train(data, hyp, device, precision, seed, net=None, epoch_eval=True, on_epoc
                 if lookahead is not None:  # the live model becomes the slow copy
                     lookahead.update(net, decay=1.0)
                 break
-        total_time_seconds += synchronized_time(device) - start_time
 
-        # Not timed: the last batch's loss and accuracy, and the plain test accuracy
-        epoch_train_losses.append(loss.item() / len(labels))
-        train_acc = (outputs.detach().argmax(1) == labels).float().mean().item()
+        # Not timed: the last batch's loss (a copy: a CUDA graph's next call overwrites its
+        # outputs) and accuracy, and the plain test accuracy
+        clock.mark()
+        figures = dict(epoch=epoch, loss=loss.detach().clone(), batch=len(labels),
+                       train_acc=(outputs.detach().argmax(1) == labels).float().mean(),
+                       val_acc=None)
         if epoch_eval:
             logits = infer(net, test_images, 0, autocast)
-            val_acc = (logits.argmax(1) == test_labels).float().mean().item()
-        if on_epoch is not None:
-            on_epoch(dict(epoch=epoch, train_loss=epoch_train_losses[-1], train_acc=train_acc,
-                          val_acc=val_acc, total_time_seconds=total_time_seconds))
+            figures['val_acc'] = (logits.argmax(1) == test_labels).float().mean()
+        epoch_figures.append(figures)
+        if on_epoch is not None and not clock.queued:
+            on_epoch(read_figures(figures, clock.seconds()))
+        clock.mark()
 
     # Timed: test-time augmentation, up to the existence of test predictions
-    start_time = synchronized_time(device)
     logits = infer(net, test_images, arch['tta_level'], autocast)
-    total_time_seconds += synchronized_time(device) - start_time
+    clock.mark()
+    total_time_seconds = clock.seconds()  # on CUDA the host waits here, once, for the whole run
+    epochs_read = [read_figures(kept, clock.seconds(2 * kept['epoch'] + 2))
+                   for kept in epoch_figures]
+    if on_epoch is not None and clock.queued:  # on CUDA: every epoch's figures, now
+        for figures in epochs_read:
+            on_epoch(figures)
     tta_val_acc = (logits.argmax(1) == test_labels).float().mean().item()
     return dict(seed=seed, seeds=seeds, steps=step, net=net, total_time_seconds=total_time_seconds,
-                tta_val_acc=tta_val_acc, val_acc=val_acc, epoch_train_losses=epoch_train_losses)
+                tta_val_acc=tta_val_acc, val_acc=epochs_read[-1]['val_acc'],
+                epoch_train_losses=[figures['train_loss'] for figures in epochs_read])
 
 ####################################################################################################
 # Running the script: identical in all the airbench scripts, not part of the method. study.py     #

@@ -16,6 +16,8 @@ Changes relative to airbench94_muon.py (line by line, with the published values:
 its hyp retuned (batch 1536, 7.65 epochs, Muon's filters decayed too), a brightness and contrast
 jitter, SiLU in the blocks, whitening from 960 images, the six filter banks orthogonalized at once
 and renormalized only every few steps, and TTA for the least confident quarter of the test set.
+Compiled and timed as airbench94_muon is: on CUDA the network with its loss, Muon's whole step (its
+lr and renormalization as tensors) and the augmentation (the jitter too), one timing window.
 
 Run: python airbench94_hiverge.py --runs 25 --data-dir data/cifar10 (see --help).
 """
@@ -60,41 +62,67 @@ hyp = {
 }
 
 # ----------------------------------- Augmentation and the loader ----------------------------------
-def batch_flip_lr(images, generator=None):
-    """Mirror each image left-right with probability 1/2."""
-    flip_mask = torch.rand(len(images), device=images.device, generator=generator) < 0.5
-    return torch.where(flip_mask.view(-1, 1, 1, 1), images.flip(-1), images)
+# An epoch's augmentation is arithmetic on the whole training set from a few random draws per image.
+# The draws come eagerly from the loader's generator (compiled code draws from no torch.Generator);
+# the arithmetic is one function, compiled where the network is (fused into a pass or two).
+def compiled_per_image(function):
+    """function under torch.compile, with static shapes but for its tensor arguments' first
+    dimension, one per image: the warmup's few images and a run's training set share its graph."""
+    compiled = torch.compile(function, dynamic=False)
 
-def batch_crop(padded_images, crop_size, generator=None):
-    """Crop each image at its own uniformly random position: a random translation, once padded."""
-    n, max_shift = len(padded_images), padded_images.size(-1) - crop_size
-    shifts = torch.randint(max_shift + 1, (n, 2), device=padded_images.device, generator=generator)
-    # windows[i, c, y, x] is the crop_size x crop_size window of image i whose corner is at (y, x)
-    windows = padded_images.unfold(2, crop_size, 1).unfold(3, crop_size, 1)
-    return windows[torch.arange(n, device=padded_images.device), :, shifts[:, 0], shifts[:, 1]]
+    def call(*args):
+        for arg in args:
+            if isinstance(arg, torch.Tensor):
+                torch._dynamo.mark_dynamic(arg, 0)
+        return compiled(*args)
+    return call
 
-def batch_brightness_contrast(images, brightness, contrast, generator=None):
-    """Shift each image by a uniform draw in [-brightness, brightness], then scale it by one in
-    [1 - contrast, 1 + contrast] (on normalized images: about the dataset's mean colour)."""
-    draw = dict(device=images.device, dtype=images.dtype, generator=generator)
-    shifts = (torch.rand(len(images), 1, 1, 1, **draw) * 2 - 1) * brightness
-    scales = (torch.rand(len(images), 1, 1, 1, **draw) * 2 - 1) * contrast + 1
-    return (images + shifts) * scales
+def coin_flips(n, device, generator=None):
+    """n fair coin flips: True mirrors that image."""
+    return torch.rand(n, device=device, generator=generator) < 0.5
+
+def prepared_images(images, mean, std, mirror, pad):
+    """The first epoch's work, kept for the later ones: the images normalized, those where mirror
+    is True (None: none) mirrored left-right, and reflect-padded by pad pixels (0: none)."""
+    images = (images - mean) / std
+    if mirror is not None:
+        images = torch.where(mirror.view(-1, 1, 1, 1), images.flip(-1), images)
+    return F.pad(images, (pad,) * 4, mode='reflect') if pad > 0 else images
+
+def augmented_images(padded_images, crop_size, shifts, mirror, brightness_draws, contrast_draws,
+                     brightness, contrast):
+    """An epoch's images: each cropped from the padded ones with its corner at shifts (y, x) (None:
+    not padded), mirrored left-right where mirror is True, then shifted by (2 u - 1) brightness
+    and scaled by 1 + (2 v - 1) contrast for its uniform draws u, v (None: no jitter)."""
+    images = padded_images
+    if shifts is not None:
+        # windows[i, c, y, x]: image i's crop_size x crop_size window with its corner at (y, x)
+        windows = padded_images.unfold(2, crop_size, 1).unfold(3, crop_size, 1)
+        each = torch.arange(len(images), device=images.device)
+        images = windows[each, :, shifts[:, 0], shifts[:, 1]]
+    images = torch.where(mirror.view(-1, 1, 1, 1), images.flip(-1), images)
+    if brightness_draws is not None:
+        offsets = (brightness_draws * 2 - 1) * brightness
+        scales = (contrast_draws * 2 - 1) * contrast + 1
+        images = (images + offsets) * scales
+    return images
 
 class CifarLoader:
     """Random batches (the last partial one dropped) of images held on the device, augmented an
     epoch at a time; order and augmentation each from its own generator (None: torch's default).
     Alternating flip: epoch 0 mirrors a random half of the images; then each epoch the others;
-    after the flip each image gets its own brightness and contrast jitter, anew every epoch."""
+    after the flip each image gets its own brightness and contrast jitter, anew every epoch.
+    compiled: the later epochs' arithmetic under torch.compile (compiled_per_image)."""
 
     def __init__(self, images, labels, batch_size, mean, std, aug, dtype=torch.float32,
-                 order_generator=None, aug_generator=None, sampling='reshuffle'):
+                 order_generator=None, aug_generator=None, sampling='reshuffle', compiled=False):
         self.images = images.permute(0, 3, 1, 2).to(dtype) / 255  # uint8 NHWC -> [0, 1] NCHW
         self.labels, self.batch_size, self.aug, self.sampling = labels, batch_size, aug, sampling
         self.order_generator, self.aug_generator, self.epoch = order_generator, aug_generator, 0
         self.mean = torch.tensor(mean, device=images.device, dtype=dtype).view(1, -1, 1, 1)
         self.std = torch.tensor(std, device=images.device, dtype=dtype).view(1, -1, 1, 1)
         self.padded_images = None  # normalized, pre-flipped and reflect-padded in the first epoch
+        self.augment = compiled_per_image(augmented_images) if compiled else augmented_images
 
     def normalize(self, images):
         return (images - self.mean) / self.std
@@ -103,23 +131,34 @@ class CifarLoader:
         return len(self.images) // self.batch_size
 
     def augmented_epoch(self):
-        flip, pad, aug = self.aug['flip'], self.aug['translate'], self.aug
+        """The epoch's images; the draws in the order of the arithmetic (flip, crop, jitter)."""
+        flip = self.aug['flip']
+        pad = self.aug['translate']
+        n = len(self.images)
+        device = self.images.device
+        generator = self.aug_generator
         if self.padded_images is None:
-            images = self.normalize(self.images)
-            if flip == 'alternating':
-                images = batch_flip_lr(images, self.aug_generator)
-            self.padded_images = F.pad(images, (pad,) * 4, mode='reflect') if pad > 0 else images
-        images = self.padded_images
+            first_mirror = coin_flips(n, device, generator) if flip == 'alternating' else None
+            self.padded_images = prepared_images(self.images, self.mean, self.std, first_mirror,
+                                                 pad)
+        shifts = None
         if pad > 0:
-            images = batch_crop(images, self.images.size(-1), self.aug_generator)
-        if flip == 'alternating' and self.epoch % 2 == 1:
-            images = images.flip(-1)
-        elif flip == 'random':
-            images = batch_flip_lr(images, self.aug_generator)
-        if aug['brightness'] > 0 or aug['contrast'] > 0:
-            images = batch_brightness_contrast(images, aug['brightness'], aug['contrast'],
-                                               self.aug_generator)
-        return images
+            shifts = torch.randint(2 * pad + 1, (n, 2), device=device, generator=generator)
+        if flip == 'random':
+            mirror = coin_flips(n, device, generator)
+        else:  # alternating: pre-flipped in the first epoch, all mirrored back in every odd one
+            mirrored_back = flip == 'alternating' and self.epoch % 2 == 1
+            mirror = torch.full((n,), mirrored_back, device=device)
+        brightness = self.aug['brightness']
+        contrast = self.aug['contrast']
+        brightness_draws = None
+        contrast_draws = None
+        if brightness > 0 or contrast > 0:
+            draw = dict(device=device, dtype=self.images.dtype, generator=generator)
+            brightness_draws = torch.rand(n, 1, 1, 1, **draw)
+            contrast_draws = torch.rand(n, 1, 1, 1, **draw)
+        return self.augment(self.padded_images, self.images.size(-1), shifts, mirror,
+                            brightness_draws, contrast_draws, brightness, contrast)
 
     def __iter__(self):
         images = self.augmented_epoch()
@@ -201,8 +240,9 @@ def reinitialize(net):
     net[0].bias.requires_grad = True
 
 def compiles(device):
-    """Whether the network and the Newton-Schulz iteration are compiled: on CUDA, as in the record;
-    not on the CPU, where inductor's code was slower than eager (docs/cpu.md, "Speed")."""
+    """Whether the network (in training with its loss), Muon's step and the augmentation are
+    compiled: on CUDA, as the record compiles; not on the CPU, where inductor's code was slower
+    than eager (docs/cpu.md, "Speed")."""
     return device.type == 'cuda'
 
 def recompile_on_requires_grad():
@@ -214,11 +254,25 @@ def recompile_on_requires_grad():
     elif '2.7' <= torch.__version__ < '2.12':
         torch._dynamo.config.skip_tensor_guards_with_matching_dict_tags = False
 
+def with_loss(forward):
+    """A network's forward (images to logits) that, given labels, also returns the logits'
+    label-smoothed cross-entropy in fp32, summed over the batch: the training step's loss, in the
+    network's graph where the network is compiled (not run eagerly after it)."""
+    def forward_and_loss(inputs, labels=None, label_smoothing=0.0):
+        outputs = forward(inputs)
+        if labels is None:
+            return outputs
+        loss = F.cross_entropy(outputs.float(), labels, label_smoothing=label_smoothing,
+                               reduction='sum')
+        return outputs, loss
+    return forward_and_loss
+
 def build_net(arch, num_classes, device, precision):
     """make_net from hyp['net'], on the device in a precision recipe, channels_last. 'fp16': the
     CUDA recipe (fp16 weights and activations, BatchNorm in fp32); 'bf16': fp32 weights, bf16
     autocast (the CPU's); 'fp32'. Compiled where compiles(device): its forward, static shapes,
-    CUDA graphs (max-autotune), every graph by the warmup run."""
+    CUDA graphs (max-autotune), every graph by the warmup run. Its forward given labels also
+    returns the loss (with_loss): one graph for both in training."""
     net = make_net(arch['widths'], num_classes, arch['batchnorm_momentum'], arch['scaling_factor'])
     net = net.to(device=device, memory_format=torch.channels_last)
     if precision == 'fp16':
@@ -226,6 +280,7 @@ def build_net(arch, num_classes, device, precision):
         for module in net.modules():
             if isinstance(module, nn.BatchNorm2d):
                 module.float()
+    net.forward = with_loss(net.forward)
     if compiles(device):
         recompile_on_requires_grad()
         net.forward = torch.compile(net.forward, mode='max-autotune', dynamic=False)
@@ -292,41 +347,50 @@ def orthogonalize(updates, steps):
         x = a * x + (b * gram + c * gram @ gram) @ x
     return x if wide else x.mT
 
+def muon_update(weights, grads, momenta, lr, renormalize, momentum, steps, weight_decay, dtype):
+    """One Muon step of conv filter banks (out_channels, in_channels, k, k), in place: Nesterov
+    momentum; each bank's update flattened to out_channels x (in_channels k k), zero-padded to the
+    largest shape, and all orthogonalized at once in dtype; where renormalize (a bool tensor), each
+    bank first set to Frobenius norm sqrt(out_channels); then lr (a tensor, or a number) times its
+    update off, and a decay by lr weight_decay: in fp32 at least (fp16 would round the decay's
+    factor, 1 - 3e-4, to 1 - 5e-4), rounded once to the weights' dtype."""
+    torch._foreach_mul_(momenta, momentum)
+    torch._foreach_add_(momenta, grads)
+    updates = [update.flatten(1) for update in torch._foreach_add(grads, momenta, alpha=momentum)]
+    rows = max(update.size(0) for update in updates)
+    cols = max(update.size(1) for update in updates)
+    padded = torch.stack([F.pad(u, (0, cols - u.size(1), 0, rows - u.size(0))) for u in updates])
+    orthogonal = orthogonalize(padded.to(dtype), steps)
+    for weight, update, matrix in zip(weights, updates, orthogonal):
+        scale = torch.where(renormalize, len(weight)**0.5 / (weight.norm() + 1e-7), 1.0)
+        precise = torch.promote_types(weight.dtype, torch.float32)
+        change = matrix[:update.size(0), :update.size(1)].reshape_as(weight).to(precise)
+        weight.copy_((weight.to(precise) * scale - lr * change) * (1 - lr * weight_decay))
+
 class Muon(torch.optim.Optimizer):
-    """For conv filter banks (out_channels, in_channels, k, k). Each step: Nesterov momentum; each
-    bank's flattened to out_channels x (in_channels k k), zero-padded to the largest shape, and all
-    orthogonalized at once in dtype (compiled: one static graph); with renormalize, each bank first
-    set to Frobenius norm sqrt(out_channels); then lr times its update off, and a decay by lr wd."""
+    """Muon for conv filter banks: muon_update at each group's lr, with momentum kept in the
+    weights' dtype (fp16 on CUDA, as published). compiled: the whole step under torch.compile, one
+    static graph, whose lr and renormalization are tensors (a new value compiles nothing)."""
 
     def __init__(self, params, lr, momentum, newton_schulz_steps, weight_decay, dtype,
                  compiled=False):
         super().__init__(params, dict(lr=lr, momentum=momentum, steps=newton_schulz_steps,
                                       weight_decay=weight_decay, dtype=dtype))
-        self.orthogonalize = (torch.compile(orthogonalize, dynamic=False) if compiled
-                              else orthogonalize)
-        for weight in self.param_groups[0]['params']:  # in the weights' dtype (fp16 on CUDA)
+        self.update = torch.compile(muon_update, dynamic=False) if compiled else muon_update
+        for weight in self.param_groups[0]['params']:
             self.state[weight]['momentum'] = torch.zeros_like(weight)
 
     @torch.no_grad()
-    def step(self, renormalize=True):
+    def step(self, renormalize):
+        """A step at each group's lr; renormalize: a bool tensor on the weights' device."""
         for group in self.param_groups:
             weights = [weight for weight in group['params'] if weight.grad is not None]
-            if not weights:
+            if not weights:  # frozen banks have no gradient
                 continue
-            updates = []
-            for weight in weights:
-                buffer = self.state[weight]['momentum'].mul_(group['momentum']).add_(weight.grad)
-                updates.append(weight.grad.add(buffer, alpha=group['momentum']).flatten(1))
-            rows, cols = max(u.size(0) for u in updates), max(u.size(1) for u in updates)
-            padded = torch.stack([F.pad(u, (0, cols - u.size(1), 0, rows - u.size(0)))
-                                  for u in updates]).to(group['dtype'])
-            orthogonal = self.orthogonalize(padded, group['steps'])
-            for weight, update, matrix in zip(weights, updates, orthogonal):
-                if renormalize:
-                    weight.mul_(len(weight)**0.5 / (weight.norm() + 1e-7))
-                matrix = matrix[:update.size(0), :update.size(1)].reshape_as(weight)
-                weight.add_(matrix, alpha=-group['lr'])
-                weight.mul_(1 - group['lr'] * group['weight_decay'])
+            grads = [weight.grad for weight in weights]
+            momenta = [self.state[weight]['momentum'] for weight in weights]
+            self.update(weights, grads, momenta, group['lr'], renormalize, group['momentum'],
+                        group['steps'], group['weight_decay'], group['dtype'])
 
 def optimizer_groups(net, bias_lr, head_lr, weight_decay, batch_size):
     """(Muon's parameters: the 3x3 filters; SGD's groups: the whitening bias, the BatchNorm biases,
@@ -356,23 +420,54 @@ def renormalization_steps(total_steps, first_interval, last_interval):
     return due
 
 # -------------------------------------------- Training --------------------------------------------
-def synchronized_time(device):
-    """The clock (seconds) once the device has done its queued work (CUDA runs asynchronously)."""
-    if device.type == 'cuda':
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
+class DeviceClock:
+    """The device's time, marked without making the host wait: on CUDA, which queues the host's
+    work, CUDA events in the queue, read once the device has passed them; on the CPU, which works
+    as the host asks, the host's clock. Marks alternate: the stretch from each even mark to the
+    next is timed, from each odd one to the next is not."""
+
+    def __init__(self, device):
+        self.queued = device.type == 'cuda'
+        self.marks = []
+
+    def mark(self):
+        if self.queued:
+            self.marks.append(torch.cuda.Event(enable_timing=True))
+            self.marks[-1].record()
+        else:
+            self.marks.append(time.perf_counter())
+
+    def seconds(self, upto=None):
+        """The timed seconds of the first `upto` marks (all by default); on CUDA the host waits
+        here until the device has passed the last of them."""
+        marks = self.marks[:upto]
+        pairs = list(zip(marks[::2], marks[1::2]))
+        if not self.queued:
+            return sum(stop - start for start, stop in pairs)
+        marks[-1].synchronize()
+        return sum(start.elapsed_time(stop) for start, stop in pairs) / 1000
 
 def source_seeds(seed):
     """Seeds of the three sources of randomness: initialization, data order, augmentation."""
     seeds = torch.randint(2**62, (3,), generator=torch.Generator().manual_seed(seed)).tolist()
     return dict(zip(('init', 'order', 'aug'), seeds))
 
+def read_figures(figures, total_time_seconds):
+    """An epoch's figures, read from the device: the last batch's mean loss and accuracy, the test
+    accuracy (None without evaluation) and the timed seconds by the epoch's end."""
+    val_acc = figures['val_acc']
+    return dict(epoch=figures['epoch'], train_loss=figures['loss'].item() / figures['batch'],
+                train_acc=figures['train_acc'].item(),
+                val_acc=None if val_acc is None else val_acc.item(),
+                total_time_seconds=total_time_seconds)
+
 def train(data, hyp, device, precision, seed, net=None, epoch_eval=True, on_epoch=None):
     """One run, determined by its seed: an int, or the seeds of source_seeds (each source of
     randomness has its own generator, so a study can vary one and hold the others). data: uint8
     images (N, 32, 32, 3) and labels of 'train' and 'test' on the device, 'classes', 'mean', 'std'.
     net: from build_net, reinitialized and trained in place (built when None). on_epoch(figures)
-    gets each epoch's figures, untimed (it may raise to stop). Returns the run's figures and net."""
+    gets each epoch's figures, untimed: on the CPU as the epoch ends, on CUDA when the run is over
+    (it may raise to stop). Returns the run's figures and net."""
     opt, arch = hyp['opt'], hyp['net']
     batch_size, epochs = opt['batch_size'], opt['train_epochs']
     dtype = torch.float16 if precision == 'fp16' else torch.float32
@@ -381,7 +476,8 @@ def train(data, hyp, device, precision, seed, net=None, epoch_eval=True, on_epoc
     seeds = seed if isinstance(seed, dict) else source_seeds(seed)
     generators = [torch.Generator(device).manual_seed(seeds[key]) for key in ('order', 'aug')]
     train_loader = CifarLoader(data['train']['images'], data['train']['labels'], batch_size,
-                               data['mean'], data['std'], hyp['aug'], dtype, *generators)
+                               data['mean'], data['std'], hyp['aug'], dtype, *generators,
+                               compiled=compiles(device))
     test_images, test_labels = data['test']['images'].permute(0, 3, 1, 2), data['test']['labels']
     test_images = train_loader.normalize(test_images.to(dtype) / 255)
     total_steps = ceil(len(train_loader) * epochs)
@@ -397,57 +493,74 @@ def train(data, hyp, device, precision, seed, net=None, epoch_eval=True, on_epoc
     sgd = torch.optim.SGD(sgd_groups, momentum=opt['momentum'], nesterov=True, fused=fused)
     muon = Muon(filters, opt['filter_lr'], opt['filter_momentum'], opt['newton_schulz_steps'],
                 opt['weight_decay'] * batch_size, newton_schulz_dtype, compiled=compiles(device))
-    groups = [*sgd.param_groups, *muon.param_groups]  # groups[0]: the whitening bias
-    initial_lrs = [group['lr'] for group in groups]
+    initial_lrs = [group['lr'] for group in sgd.param_groups]  # [0]: the whitening bias
     lr_multipliers = lr_schedule(total_steps)
-    renormalize = renormalization_steps(total_steps, *opt['renorm_every'])
-    loss_fn = nn.CrossEntropyLoss(label_smoothing=opt['label_smoothing'], reduction='sum')
+    # Muon's lr and renormalization at every step, as tensors on the device, which the compiled
+    # step reads as inputs: a new step's values compile nothing
+    muon_lrs = torch.tensor([opt['filter_lr'] * m for m in lr_multipliers], device=device)
+    due = renormalization_steps(total_steps, *opt['renorm_every'])
+    renormalizations = torch.tensor(due, device=device)
 
-    # Timed: the whitening init from the first training images (the first touch of the data)
-    start_time = synchronized_time(device)
+    # Timed: one stretch of the device's time from the whitening init (the first touch of the
+    # training data) to the test predictions, with no host synchronization in it (on CUDA each
+    # would let the device's queue run dry) but the whitening's eigh (its solver's check, before
+    # any training is queued); from each epoch's end to the next one's start (its figures, its
+    # evaluation) not timed. The figures stay on the device until read: on CUDA when the run is
+    # over, on the CPU (where reading waits for nothing) as each epoch ends.
+    clock = DeviceClock(device)
+    clock.mark()
     whitening_images = train_loader.normalize(train_loader.images[:arch['whiten_images']])
     init_whitening(net[0], whitening_images, arch['whiten_eps'])
-    total_time_seconds = synchronized_time(device) - start_time
 
-    step, epoch_train_losses, val_acc = 0, [], None
+    step = 0
+    epoch_figures = []  # each epoch's, on the device
     for epoch in range(ceil(epochs)):
-        start_time = synchronized_time(device)
         net.train()
         for inputs, labels in train_loader:
             net[0].bias.requires_grad = step < whiten_bias_steps
-            for group, initial_lr in zip(groups, initial_lrs):
+            for group, initial_lr in zip(sgd.param_groups, initial_lrs):
                 group['lr'] = initial_lr * lr_multipliers[step]
-            groups[0]['lr'] = initial_lrs[0] * max(0.0, 1 - step / max(1, whiten_bias_steps))
+            bias_multiplier = max(0.0, 1 - step / max(1, whiten_bias_steps))
+            sgd.param_groups[0]['lr'] = initial_lrs[0] * bias_multiplier
+            muon.param_groups[0]['lr'] = muon_lrs[step]
             with autocast:
-                outputs = net(inputs)
-            loss = loss_fn(outputs.float(), labels)
+                outputs, loss = net(inputs, labels, opt['label_smoothing'])
             net.zero_grad(set_to_none=True)
             loss.backward()
             sgd.step()
-            muon.step(renormalize[step])
+            muon.step(renormalizations[step])
             step += 1
             if step >= total_steps:
                 break
-        total_time_seconds += synchronized_time(device) - start_time
 
-        # Not timed: the last batch's loss and accuracy, and the plain test accuracy
-        epoch_train_losses.append(loss.item() / len(labels))
-        train_acc = (outputs.detach().argmax(1) == labels).float().mean().item()
+        # Not timed: the last batch's loss (a copy: a CUDA graph's next call overwrites its
+        # outputs) and accuracy, and the plain test accuracy
+        clock.mark()
+        figures = dict(epoch=epoch, loss=loss.detach().clone(), batch=len(labels),
+                       train_acc=(outputs.detach().argmax(1) == labels).float().mean(),
+                       val_acc=None)
         if epoch_eval:
             logits = infer(net, test_images, 0, autocast)
-            val_acc = (logits.argmax(1) == test_labels).float().mean().item()
-        if on_epoch is not None:
-            on_epoch(dict(epoch=epoch, train_loss=epoch_train_losses[-1], train_acc=train_acc,
-                          val_acc=val_acc, total_time_seconds=total_time_seconds))
+            figures['val_acc'] = (logits.argmax(1) == test_labels).float().mean()
+        epoch_figures.append(figures)
+        if on_epoch is not None and not clock.queued:
+            on_epoch(read_figures(figures, clock.seconds()))
+        clock.mark()
 
     # Timed: test-time augmentation, up to the existence of test predictions
-    start_time = synchronized_time(device)
     logits = infer(net, test_images, arch['tta_level'], autocast,
                    tta_fraction=arch['tta_fraction'])
-    total_time_seconds += synchronized_time(device) - start_time
+    clock.mark()
+    total_time_seconds = clock.seconds()  # on CUDA the host waits here, once, for the whole run
+    epochs_read = [read_figures(kept, clock.seconds(2 * kept['epoch'] + 2))
+                   for kept in epoch_figures]
+    if on_epoch is not None and clock.queued:  # on CUDA: every epoch's figures, now
+        for figures in epochs_read:
+            on_epoch(figures)
     tta_val_acc = (logits.argmax(1) == test_labels).float().mean().item()
     return dict(seed=seed, seeds=seeds, steps=step, net=net, total_time_seconds=total_time_seconds,
-                tta_val_acc=tta_val_acc, val_acc=val_acc, epoch_train_losses=epoch_train_losses)
+                tta_val_acc=tta_val_acc, val_acc=epochs_read[-1]['val_acc'],
+                epoch_train_losses=[figures['train_loss'] for figures in epochs_read])
 
 ####################################################################################################
 # Running the script: identical in all the airbench scripts, not part of the method. study.py     #

@@ -39,19 +39,20 @@ ABLATIONS = ['net.whiten=False', 'net.identity_init=False', 'opt.lookahead_every
              'opt.sampling=replacement', 'opt.bias_scaler=1', 'net.tta_level=1']
 
 
-@pytest.mark.parametrize('settings, epochs, graph_count', [([], 4, 6), (ABLATIONS, 2, 3)])
+@pytest.mark.parametrize('settings, epochs, graph_count', [([], 4, 7), (ABLATIONS, 2, 4)])
 def test_every_graph_static_and_compiled_in_the_warmup(tmp_path, monkeypatch, settings, epochs,
                                                         graph_count):
     """Evaluation batches of two sizes (2000 and a remainder) and the whitening-bias freeze: with
     dynamo's automatic dynamic shapes the second size met would recompile the graph with a symbolic
-    batch size. A recording backend sees each graph's example inputs. Each graph is the whole
-    network, from the images on: torch versions before 2.14 split net.compile()'s network into one
-    graph per block (docs/tests.md, "Torch versions")."""
+    batch size. A recording backend sees each graph's example inputs. Each graph of the network is
+    the whole network, from the images on (torch versions before 2.14 split net.compile()'s network
+    into one graph per block: docs/tests.md, "Torch versions"), training's with its loss; one more
+    graph, the augmentation's, serves any number of images (the warmup's 64, the run's 128)."""
     torch._dynamo.reset()  # graphs of earlier tests would count toward dynamo's recompile limit
     compiled = load_script('airbench94_compiled')
     graphs = record_compiled_graphs(monkeypatch)
     warmed = warm_up_as_on_cuda(monkeypatch, compiled, graphs)
-    data = tiny_dataset(per_class=32)
+    data = tiny_dataset(per_class=64)
     test = tiny_dataset(per_class=1050)['train']  # 2100 test images: batches of 2000 and 100
     monkeypatch.setattr(compiled, 'load_dataset', lambda *args, **kwargs: {**data, 'test': test})
     code = compiled.main(['--runs', '1', '--seed', '0', '--hyp', 'opt.batch_size=32', '--epochs',
@@ -64,6 +65,9 @@ def test_every_graph_static_and_compiled_in_the_warmup(tmp_path, monkeypatch, se
     assert (hyp['net']['whiten'], hyp['opt']['lookahead_every']) == ((False, 0) if settings else
                                                                      (True, 5))
     assert warmed == [len(graphs)] and len(graphs) == graph_count  # none compiled when timed
+    augmentation = [shapes for shapes in graphs if (64, 3, 36, 36) in shapes]
+    assert len(augmentation) == 1  # the warmup's 64 padded training images
+    graphs = [shapes for shapes in graphs if shapes not in augmentation]
     images = [[shape for shape in shapes if shape[1:] == (3, 32, 32)] for shapes in graphs]
     assert all(len(batch) == 1 for batch in images)  # every graph starts from the images
     assert sorted({batch[0][0] for batch in images}) == [32, 100, 2000]

@@ -7,7 +7,9 @@
   TTA: it raises on a CPU tensor mixed in and on a host synchronization (.item(), boolean-mask
   indexing), as the messages of the control cases below show.
 - A dispatch mode records every operator of a real train() on the CPU: no operator that makes the
-  host wait for the device runs inside the timed region.
+  host wait for the device runs inside the timed region. For the scripts timed on a DeviceClock
+  (airbench94_compiled, airbench94_muon, airbench94_hiverge), also as it times on CUDA
+  (queued_clock): one window from the first mark to the host's first wait.
 """
 import types
 
@@ -124,21 +126,57 @@ HOST_SYNCS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero
               torch.ops.aten.masked_select.default, torch.ops.aten.equal.default}
 
 
+# Linear algebra that checks its solver's status on the host: on CUDA it waits for the device
+LINALG_SYNCS = {torch.ops.aten._linalg_eigh.default, torch.ops.aten._linalg_svd.default}
+
+
 class HostSyncRecorder(TorchDispatchMode):
     """Records the operators that make the host wait for the device (scalars read back,
-    data-dependent shapes) while `timed` is set, and all operators seen."""
+    data-dependent shapes; with linalg, also LINALG_SYNCS) while `timed` is set, and all operators
+    seen."""
 
-    def __init__(self):
+    def __init__(self, linalg=False):
         super().__init__()
         self.timed, self.timed_syncs, self.untimed_syncs, self.ops = False, [], [], set()
+        self.syncs = HOST_SYNCS | LINALG_SYNCS if linalg else HOST_SYNCS
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         bool_index = func is torch.ops.aten.index.Tensor and any(
             index is not None and index.dtype == torch.bool for index in args[1])
-        if func in HOST_SYNCS or bool_index:
+        if func in self.syncs or bool_index:
             (self.timed_syncs if self.timed else self.untimed_syncs).append(str(func))
         self.ops.add(str(func))
         return func(*args, **(kwargs or {}))
+
+
+def queued_clock(module, recorder):
+    """A stand-in for module.DeviceClock as it runs on CUDA, on the host's clock: its marks are
+    events, which the host reads only after their synchronize(); the recorder's timed window opens
+    at the first mark and closes at the first synchronize(), where on CUDA the host first waits
+    for the device. queued=False: the clock of the CPU's path, its marks alike."""
+    class Event:
+        def __init__(self):
+            self.time = real_perf_counter()
+
+        def synchronize(self):
+            recorder.timed = False
+
+        def elapsed_time(self, end):  # milliseconds, as CUDA events give them
+            return 1000 * (end.time - self.time)
+
+        def __sub__(self, start):  # seconds, as the host's clock gives them
+            return self.time - start.time
+
+    class QueuedClock(module.DeviceClock):
+        def __init__(self, device, queued=True):
+            super().__init__(device)
+            self.queued = queued
+
+        def mark(self):
+            recorder.timed = recorder.timed or not self.marks
+            self.marks.append(Event())
+    real_perf_counter = module.time.perf_counter
+    return QueuedClock
 
 
 def timed_region_tracker(module, recorder):
@@ -206,3 +244,69 @@ def test_compiled_infer_keeps_outputs_that_the_next_call_overwrites():
     # The control: without the clone every batch's logits are the last batch's
     wrong = eager.infer(OneOutputBuffer(), images, 0, autocast, batch_size=4)
     assert not torch.equal(wrong, expected) and torch.equal(wrong[:4], expected[8:])
+
+
+DEVICE_CLOCK_SCRIPTS = ['airbench94_compiled', 'airbench94_muon', 'airbench94_hiverge']
+
+
+def train_as_on_cuda(script, monkeypatch, recorder, precision, on_epoch=None, **clock):
+    """train() on the CPU along its CUDA path: compiled (the recording backend's graphs run their
+    ATen operators, which the recorder sees; airbench94_compiled compiles on every device), timed
+    by the queued clock; a small network on two classes, 4 steps in each of 3.5 epochs."""
+    compile_with_backend(monkeypatch, 'aot_eager')
+    monkeypatch.setattr(script, 'compiles', lambda device: True, raising=False)
+    clock_class = queued_clock(script, recorder)
+    monkeypatch.setattr(script, 'DeviceClock', lambda device: clock_class(device, **clock))
+    hyp = with_hyp(script.hyp, opt__batch_size=16, opt__train_epochs=3.5,
+                   net__widths=NARROW_WIDTHS)
+    torch._dynamo.reset()
+    return script.train(tiny_dataset(), hyp, CPU, precision, seed=0, on_epoch=on_epoch)
+
+
+@pytest.mark.parametrize('name', DEVICE_CLOCK_SCRIPTS)
+@pytest.mark.parametrize('precision', [  # fp16 on the CPU: slower, and the same operators
+    pytest.param('fp16', marks=[needs_cpu_fp16_padding, pytest.mark.slow]), 'fp32'])
+def test_one_timed_window_without_host_synchronization_as_on_cuda(name, precision, monkeypatch):
+    """From the whitening init to the test predictions the host never waits for the device but
+    where the whitening's eigendecomposition checks its solver (as the published scripts' SVD,
+    before any training work is queued); every figure is read after the window: the per-epoch
+    ones, then passed to on_epoch, and the TTA accuracy."""
+    script = load_script(name)
+    recorder = HostSyncRecorder(linalg=True)
+    seen = []
+    with recorder:
+        result = train_as_on_cuda(script, monkeypatch, recorder, precision, on_epoch=seen.append)
+    assert result['steps'] == 14 and 'aten.convolution_backward.default' in recorder.ops
+    assert recorder.timed_syncs == ['aten._linalg_eigh.default']
+    assert [figures['epoch'] for figures in seen] == [0, 1, 2, 3]
+    # The per-epoch figures' and the TTA accuracy's reads, after the window
+    assert recorder.untimed_syncs.count('aten._local_scalar_dense.default') == 4 * 3 + 1
+
+
+@pytest.mark.parametrize('name', [  # the others' controls: the slow tier
+    *[pytest.param(name, marks=pytest.mark.slow) for name in DEVICE_CLOCK_SCRIPTS[:-1]],
+    DEVICE_CLOCK_SCRIPTS[-1]])
+def test_the_window_shows_a_synchronization_in_a_step_or_figures_read_as_they_come(
+        name, monkeypatch):
+    """The controls: a loss read back in each step, and the CPU path's per-epoch reads (right
+    there: the CPU queues nothing) on CUDA's clock, are seen inside the window."""
+    script = load_script(name)
+    recorder = HostSyncRecorder()
+    original = script.with_loss
+
+    def reading_loss(forward):  # the loss read back: a graph break, and the host waits
+        def forward_and_loss(*args):
+            outputs = original(forward)(*args)
+            return outputs if len(args) == 1 else (outputs[0], outputs[1] + 0 * outputs[1].item())
+        return forward_and_loss
+    monkeypatch.setattr(script, 'with_loss', reading_loss)
+    with recorder:
+        train_as_on_cuda(script, monkeypatch, recorder, 'fp32')
+    assert recorder.timed_syncs.count('aten._local_scalar_dense.default') >= 14  # every step
+    monkeypatch.undo()
+    script = load_script(name)
+    recorder = HostSyncRecorder()
+    with recorder:
+        train_as_on_cuda(script, monkeypatch, recorder, 'fp32', on_epoch=lambda figures: None,
+                         queued=False)
+    assert recorder.timed_syncs.count('aten._local_scalar_dense.default') >= 3 * 3

@@ -116,7 +116,7 @@ def test_muon_step_is_renormalization_then_orthogonal_update_then_decoupled_deca
         grads = [torch.randn(shape, generator=generator, dtype=torch.float64) for shape in shapes]
         for weight, grad in zip(weights, grads):
             weight.grad = grad.clone()
-        optimizer.step(renormalize)
+        optimizer.step(torch.tensor(renormalize))
         for i, (grad, shape) in enumerate(zip(grads, shapes)):
             buffers[i] = momentum * buffers[i] + grad
             nesterov = grad + momentum * buffers[i]
@@ -128,7 +128,7 @@ def test_muon_step_is_renormalization_then_orthogonal_update_then_decoupled_deca
     assert abs(weights[0].norm().item() - 2.0) > 1e-3  # not renormalized at the last step alone
     weights[0].grad, before = None, weights[0].detach().clone()  # a frozen one is left alone
     weights[1].grad = torch.randn(shapes[1], generator=generator, dtype=torch.float64)
-    optimizer.step(False)
+    optimizer.step(torch.tensor(False))
     assert torch.equal(weights[0].detach(), before)
 
 
@@ -160,12 +160,21 @@ def test_renormalization_interval_grows_from_2_to_17_steps(hiverge, total_steps)
 
 
 # ------------------------------------------ The jitter -----------------------------------------
+def jittered_epoch(hiverge, images, brightness, contrast, seed=0):
+    """The loader's epoch of uint8 images (N, H, W, 3) with the jitter alone (no flip, no
+    translation), normalized by mean 0 and std 1 (pixel values 0 to 1)."""
+    aug = dict(flip='none', translate=0, brightness=brightness, contrast=contrast)
+    loader = hiverge.CifarLoader(images, torch.zeros(len(images), dtype=torch.int64), len(images),
+                                 (0.0,) * 3, (1.0,) * 3, aug,
+                                 aug_generator=torch.Generator().manual_seed(seed))
+    return loader.augmented_epoch()
+
+
 def jitter_draws(hiverge, n, brightness, contrast, seed=0):
-    """(shifts, scales) drawn for n images: from the jitter of all-zero and all-one images with
-    the same generator state, (0 + b) s and (1 + b) s."""
-    outputs = [hiverge.batch_brightness_contrast(torch.full((n, 3, 4, 4), value), brightness,
-                                                 contrast, torch.Generator().manual_seed(seed))
-               for value in (0.0, 1.0)]
+    """(shifts, scales) the loader draws for n images: from its epochs of all-zero and all-one
+    images with the same generator seed, (0 + b) s and (1 + b) s."""
+    outputs = [jittered_epoch(hiverge, torch.full((n, 4, 4, 3), value, dtype=torch.uint8),
+                              brightness, contrast, seed) for value in (0, 255)]
     for out in outputs:  # one shift and one scale per image, the same for every pixel and channel
         assert torch.equal(out, out[:, :1, :1, :1].expand_as(out))
     scales = (outputs[1] - outputs[0])[:, 0, 0, 0]
@@ -183,8 +192,10 @@ def test_jitter_shifts_and_scales_each_image_uniformly_within_its_ranges(hiverge
         assert abs((uniform.abs() < 0.5).float().mean() - 0.5) < 0.02
     assert abs(torch.corrcoef(torch.stack([shifts, scales]))[0, 1]) < 0.03  # independent draws
     # Off when both ranges are 0; the same generator seed gives the same draws
-    images = torch.randn(8, 3, 4, 4)
-    assert torch.equal(hiverge.batch_brightness_contrast(images, 0.0, 0.0), images)
+    images = torch.randint(0, 256, (8, 4, 4, 3), dtype=torch.uint8)
+    plain = images.permute(0, 3, 1, 2).float() / 255
+    assert torch.equal(jittered_epoch(hiverge, images, 0.0, 0.0), plain)
+    assert not torch.equal(jittered_epoch(hiverge, images, 0.1399, 0.1308), plain)
     again = jitter_draws(hiverge, 20000, 0.1399, 0.1308)
     assert torch.equal(again[0], shifts) and torch.equal(again[1], scales)
 
@@ -281,8 +292,9 @@ def test_schedules_renormalizations_and_the_whitening_bias(hiverge, monkeypatch)
     net = hiverge.build_net({**hiverge.hyp['net'], 'widths': SMALL}, 2, CPU, 'fp32')
     seen, sgd_lrs = [], []  # every step: Muon's lr and renormalization, the bias's gradient
     muon_step, sgd_step = hiverge.Muon.step, torch.optim.SGD.step
-    def recording_muon_step(self, renormalize=True):
-        seen.append((self.param_groups[0]['lr'], renormalize, net[0].bias.grad is not None))
+    def recording_muon_step(self, renormalize):  # its lr and renormalize: tensors
+        seen.append((self.param_groups[0]['lr'].item(), renormalize.item(),
+                     net[0].bias.grad is not None))
         return muon_step(self, renormalize)
     def recording_sgd_step(self):
         sgd_lrs.append([group['lr'] for group in self.param_groups])
@@ -366,7 +378,7 @@ def test_whole_training_step_on_the_meta_device_in_the_cuda_recipe(hiverge):
                            label_smoothing=0.09, reduction='sum')
     loss.backward()
     sgd.step()
-    muon.step(renormalize=True)
+    muon.step(torch.ones((), dtype=torch.bool, device=meta))
     assert outputs.dtype == torch.float16 and loss.dtype == torch.float32
     assert {name: p.dtype for name, p in net.named_parameters()} == expected  # kept by the steps
     assert all(muon.state[p]['momentum'].dtype == torch.float16 for p in filters)  # as published
@@ -398,7 +410,8 @@ def test_loader_whitening_muon_and_selective_tta_on_fake_cuda(hiverge):
         filters, _ = hiverge.optimizer_groups(net, 0.0573, 0.5415, 1e-6, 16)
         for weight in filters:
             weight.grad = torch.empty_like(weight)
-        hiverge.Muon(filters, 0.205, 0.655, 3, 0.0016, torch.float16).step(renormalize=True)
+        renormalize = torch.ones((), dtype=torch.bool, device=FAKE_CUDA)
+        hiverge.Muon(filters, 0.205, 0.655, 3, 0.0016, torch.float16).step(renormalize)
         assert all(w.device.type == 'cuda' and w.dtype == torch.float16 for w in filters)
         logits = hiverge.infer(net, normalized, 2, torch.autocast('cuda', enabled=False),
                                tta_fraction=0.25)
@@ -423,10 +436,11 @@ def test_no_host_synchronization_inside_the_timed_region(hiverge, monkeypatch):
 def test_every_graph_compiled_in_the_warmup_none_when_timed(hiverge, monkeypatch, tmp_path,
                                                            num_test):
     """compiles() forced on the CPU, graphs recorded by a backend that runs them eagerly: the
-    warmup on dummy data (2000 + N % 2000 test images) compiles the network's graphs (training
-    with the whitening bias trained and frozen, evaluation at each batch size: 2000, the
-    remainder, the selective TTA's 6 x 500 and 6 x its remainder) and the Newton-Schulz
-    iteration's; the timed run on N test images compiles none."""
+    warmup on dummy data (2000 + N % 2000 test images) compiles the network's graphs (training,
+    with the loss, with the whitening bias trained and frozen; evaluation at each batch size:
+    2000, the remainder, the selective TTA's 6 x 500 and 6 x its remainder), Muon's step and the
+    augmentation's; the timed run on N test images (and another number of training images)
+    compiles none."""
     torch._dynamo.reset()  # graphs of earlier tests would count toward dynamo's recompile limit
     graphs = record_compiled_graphs(monkeypatch)
     monkeypatch.setattr(hiverge, 'compiles', lambda device: True)
@@ -443,5 +457,10 @@ def test_every_graph_compiled_in_the_warmup_none_when_timed(hiverge, monkeypatch
                             if shape[1:] == (3, 32, 32)})
     remainder = num_test % 2000
     assert image_batches == sorted({16, 2000, remainder, 6 * 500, 6 * remainder // 4})
-    # Newton-Schulz: one graph, the six banks padded to one shape (8 x 24 * 9 at these widths)
-    assert [shapes for shapes in graphs if (6, 8, 216) in shapes] == [[(6, 8, 216)]]
+    # The augmentation of every epoch: one graph, for any number of images (the warmup's 32, the
+    # run's 64), from the padded images
+    assert len([shapes for shapes in graphs if (32, 3, 36, 36) in shapes]) == 1
+    # Muon's whole step: one graph, of the six banks' weights, gradients and momentum buffers
+    # (8 x 24 x 3 x 3 and 8 x 8 x 3 x 3 at these widths), its lr and its renormalization
+    banks = [(8, 24, 3, 3)] + [(8, 8, 3, 3)] * 5
+    assert len([shapes for shapes in graphs if sorted(shapes) == sorted(banks * 3 + [(), ()])]) == 1

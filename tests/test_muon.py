@@ -128,8 +128,8 @@ def test_schedules_decay_linearly_to_zero_and_the_whitening_bias_freezes(muon, m
     net = muon.build_net(muon.hyp['net'], 2, CPU, 'fp32')
     seen, bias_lrs = [], []  # every step: Muon's lr, whether the whitening bias has a gradient
     muon_step, sgd_step = muon.Muon.step, torch.optim.SGD.step
-    def recording_muon_step(self):
-        seen.append((self.param_groups[0]['lr'], net[0].bias.grad is not None))
+    def recording_muon_step(self):  # its lr: a tensor
+        seen.append((self.param_groups[0]['lr'].item(), net[0].bias.grad is not None))
         return muon_step(self)
     def recording_sgd_step(self):
         bias_lrs.append(self.param_groups[0]['lr'])  # group 0: the whitening bias
@@ -220,15 +220,14 @@ def test_cpu_path_runs_the_orthogonalization_eagerly_and_sgd_unfused(muon, monke
     muon.train(tiny_dataset(), hyp, CPU, 'fp32', seed=0, epoch_eval=False)
     assert fused == [False]
     optimizer = muon.Muon([nn.Parameter(torch.ones(2, 1, 3, 3))], 0.1, 0.6, 3, torch.float32)
-    assert optimizer.orthogonalize is muon.orthogonalize
+    assert optimizer.update is muon.muon_update
 
 
 @pytest.mark.slow  # inductor's CPU backend runs a C++ compiler
-def test_compiled_orthogonalization_compiles_in_the_warmup_and_never_in_a_timed_run(muon,
-                                                                                    monkeypatch):
-    """On CUDA train() compiles the Newton-Schulz iteration (static shapes). Forced here on the CPU,
-    with inductor's CPU backend: the warmup run compiles one graph per filter shape (4), a later
-    run none, and the compiled iteration computes what the eager one does."""
+def test_compiled_muon_step_compiles_in_the_warmup_and_never_in_a_timed_run(muon, monkeypatch):
+    """On CUDA train() compiles Muon's whole step (static shapes, its lr a tensor). Forced here on
+    the CPU, with inductor's CPU backend: the warmup run compiles one graph, a later run (another
+    lr at every step) none, and the compiled step computes what the eager one does."""
     class CompiledMuon(muon.Muon):
         def __init__(self, *args, compiled=False):
             super().__init__(*args, compiled=True)
@@ -239,36 +238,46 @@ def test_compiled_orthogonalization_compiles_in_the_warmup_and_never_in_a_timed_
     net = muon.train(tiny_dataset(), hyp, CPU, 'fp32', seed=0, epoch_eval=False)['net']
     warmup = compiled_graph_count() - before
     muon.train(tiny_dataset(), hyp, CPU, 'fp32', seed=1, net=net, epoch_eval=False)
-    assert (warmup, compiled_graph_count() - before) == (4, 4)
-    compiled = CompiledMuon([nn.Parameter(torch.ones(2, 1, 3, 3))], 0.1, 0.6, 3, torch.float32)
-    with torch.no_grad():  # as in Muon.step
-        for matrix in random_filter_matrices(trials=1):
-            if matrix.size(0) <= matrix.size(1):  # the filter banks' shapes, as compiled above
-                matrix = matrix.float()
-                assert torch.allclose(compiled.orthogonalize(matrix, 3, torch.float32),
-                                      muon.orthogonalize(matrix, 3, torch.float32), atol=1e-5)
-    assert compiled_graph_count() - before == 4
+    assert (warmup, compiled_graph_count() - before) == (1, 1)
+    filters = [p for p in net.parameters() if p.ndim == 4 and p.requires_grad]
+    generator = torch.Generator().manual_seed(0)
+    grads = [torch.randn(p.shape, generator=generator) for p in filters]
+    results = []
+    for optimizer_class in (CompiledMuon, muon.Muon):
+        weights = [nn.Parameter(p.detach().clone()) for p in filters]
+        optimizer = optimizer_class(weights, 0.24, 0.6, 3, torch.float32)
+        for lr in (0.24, 0.12):  # as train() sets it: a tensor
+            optimizer.param_groups[0]['lr'] = torch.tensor(lr)
+            for weight, grad in zip(weights, grads):
+                weight.grad = grad.clone()
+            optimizer.step()
+        results.append(weights)
+    for compiled, eager in zip(*results):
+        assert torch.allclose(compiled, eager, atol=1e-5)
 
 
 def test_cuda_compilation_compiles_whole_network_graphs_all_in_the_warmup(muon, monkeypatch,
                                                                         tmp_path):
     """What compiles on CUDA, compiled here on the CPU by a recording backend: main()'s warmup
     compiles the network once per whitening-bias state (trainable, frozen: the freeze is in the
-    graph's guards) in training and in evaluation (4), each graph the whole network from the
-    images on (torch before 2.14 split net.compile()'s network into a graph per block), and the
-    Newton-Schulz iteration once per filter shape (4); a timed run compiles nothing. (Evaluation
-    batch sizes: test_compiled.py.)"""
+    graph's guards) in training, with its loss, and in evaluation (4), each graph the whole network
+    from the images on (torch before 2.14 split net.compile()'s network into a graph per block),
+    Muon's whole step (1) and the augmentation (1, for any number of images: the warmup's 64,
+    the run's 128); a timed run compiles nothing. (Evaluation batch sizes: test_compiled.py.)"""
     torch._dynamo.reset()  # graphs of earlier tests would count toward dynamo's recompile limit
     monkeypatch.setattr(muon, 'compiles', lambda device: True)
     graphs = record_compiled_graphs(monkeypatch)
     warmed = warm_up_as_on_cuda(monkeypatch, muon, graphs)
-    monkeypatch.setattr(muon, 'load_dataset', lambda *args, **kwargs: tiny_dataset(per_class=32))
+    data = {**tiny_dataset(per_class=64), 'test': tiny_dataset(per_class=32)['test']}
+    monkeypatch.setattr(muon, 'load_dataset', lambda *args, **kwargs: data)
     assert muon.main(['--runs', '1', '--seed', '0', '--hyp', 'opt.batch_size=32', '--epochs', '2',
                       '--hyp', 'opt.whiten_bias_epochs=1', '--device', 'cpu', '--precision',
                       'fp32', '--log-dir', str(tmp_path)]) == 0
-    assert warmed == [len(graphs)] and len(graphs) == 8  # none compiled in the timed run
+    assert warmed == [len(graphs)] and len(graphs) == 6  # none compiled in the timed run
     images = [[shape for shape in shapes if shape[1:] == (3, 32, 32)] for shapes in graphs]
     network = [batch[0][0] for batch in images if len(batch) == 1]
     assert sorted(network) == [32, 32, 64, 64]  # training batches, the 64 test images
-    matrices = sorted(shapes[-1] for shapes, batch in zip(graphs, images) if not batch)
-    assert matrices == sorted(FILTER_SHAPES)
+    assert len([shapes for shapes in graphs if (64, 3, 36, 36) in shapes]) == 1  # augmentation
+    banks = [(64, 24, 3, 3), (64, 64, 3, 3), (256, 64, 3, 3)] + [(256, 256, 3, 3)] * 3
+    steps = [shapes for shapes in graphs if sorted(shapes) == sorted(banks * 3 + [()])]
+    assert len(steps) == 1  # Muon: the weights, their gradients and momentum buffers, the lr

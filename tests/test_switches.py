@@ -271,7 +271,7 @@ def test_airbench94_hiverges_switches_tta_fraction_and_jitter(monkeypatch):
                              ('aug.flip=sideways', "--hyp aug.flip takes one of ('alternating'")):
         with pytest.raises(ValueError, match=re.escape(message)):
             hiverge.hyp_with_flags(hiverge.parse_args(['--hyp', setting]))
-    jitters = spy(monkeypatch, hiverge, 'batch_brightness_contrast')
+    epochs = spy(monkeypatch, hiverge, 'augmented_images')  # each epoch's augmentation
     net = hiverge.build_net({**hiverge.hyp['net'], 'widths': {'block1': 8, 'block2': 8,
                                                               'block3': 8}}, 2, CPU, 'fp32')
     evaluated = []  # images per forward pass in evaluation mode
@@ -281,9 +281,11 @@ def test_airbench94_hiverges_switches_tta_fraction_and_jitter(monkeypatch):
                                              'aug.contrast=0'], False)):
         run_hyp = hiverge.hyp_with_flags(hiverge.parse_args([a for s in settings
                                                              for a in ('--hyp', s)]))
-        jitters.clear(), evaluated.clear()
+        epochs.clear(), evaluated.clear()
         hiverge.train(tiny_dataset(), with_hyp(run_hyp, opt__batch_size=32, opt__train_epochs=2),
                       CPU, 'fp32', 0, net=net, epoch_eval=False)
-        assert len(jitters) == (2 if jittered else 0)  # once per epoch, or never
+        brightness_draws = [args[4] for args in epochs]  # a draw per image, or none
+        assert len(epochs) == 2 and all((draws is not None) == jittered
+                                        for draws in brightness_draws)
         # 64 test images once, then the six views of the least confident 16, or nothing more
         assert evaluated == ([64, 6 * 16] if jittered else [64])

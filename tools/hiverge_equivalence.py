@@ -9,7 +9,8 @@ under bf16 autocast, or in fp32 with --precision fp32) and compares:
   gradients and the BatchNorm statistics of one training step, and the logits in evaluation mode;
 - the whitening filters from the same 960 images (the published takes torch.svd of the patches'
   second-moment matrix, ours eigh: equal up to each eigenvector's sign);
-- the jitter: the published draws from torch's global generator, ours from a generator seeded alike;
+- the jitter: the published draws from torch's global generator, our loader from a generator seeded
+  alike;
 - the batched orthogonalization: the published _zeropower_via_newtonschulz5 against our padding and
   orthogonalize, on the same six updates (a training step's gradients), in fp32 and in the dtype
   each runs on this CPU (the published in its updates' fp32, ours in bf16); the published scales
@@ -117,12 +118,18 @@ def same_whitening(published, images):
 
 
 def same_jitter(published, images):
+    """The published jitter of normalized images against our loader's epoch of the same images,
+    with the jitter alone (no flip, no translation), its draws from a generator seeded alike."""
     torch.manual_seed(5)
     theirs = published['batch_color_jitter'](images, JITTER['brightness_range'],
                                              JITTER['contrast_range'])
-    mine = ours.batch_brightness_contrast(images, ours.hyp['aug']['brightness'],
-                                          ours.hyp['aug']['contrast'],
-                                          torch.Generator().manual_seed(5))
+    aug = {**ours.hyp['aug'], 'flip': 'none', 'translate': 0}
+    placeholder = torch.zeros(len(images), 32, 32, 3, dtype=torch.uint8)
+    loader = ours.CifarLoader(placeholder, torch.zeros(len(images), dtype=torch.int64),
+                              len(images), (0.0,) * 3, (1.0,) * 3, aug,
+                              aug_generator=torch.Generator().manual_seed(5))
+    loader.padded_images = images  # as if normalized (and, untranslated, not padded) by it
+    mine = loader.augmented_epoch()
     return dict(check='jitter', images=len(images), largest_difference=largest_difference(
         [theirs], [mine]))
 
@@ -253,7 +260,7 @@ def our_run(kept, data, epochs, keep_steps, matched):
                 for weight in self.param_groups[0]['params']:
                     self.state[weight]['momentum'] = torch.zeros_like(weight, dtype=torch.half)
 
-        def step(self, renormalize=True):
+        def step(self, renormalize):
             super().step(renormalize)
             if len(states) < keep_steps:
                 states.append(snapshot(names['net']))

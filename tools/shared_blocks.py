@@ -18,23 +18,30 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REFERENCE = 'airbench94'
 METHOD_DIFFERENCES = {
-    'airbench94_compiled': {'__doc__', 'build_net', 'infer'},
+    'airbench94_compiled': {'__doc__', 'batch_flip_lr', 'batch_crop', 'batch_cutout', 'CifarLoader',
+                            'build_net', 'infer', 'LookaheadState', 'synchronized_time', 'train'},
     'airbench95': {'__doc__', 'hyp'},
     'airbench96': {'__doc__', 'hyp', 'ConvGroup'},
-    'airbench94_muon': {'__doc__', 'hyp', 'make_net', 'reinitialize', 'build_net', 'init_whitening',
+    'airbench94_muon': {'__doc__', 'hyp', 'batch_flip_lr', 'batch_crop', 'batch_cutout',
+                        'CifarLoader', 'make_net', 'reinitialize', 'build_net', 'init_whitening',
                         'LookaheadState', 'lookahead_decay', 'infer', 'decoupled_sgd_groups',
-                        'lr_schedule', 'train'},
+                        'lr_schedule', 'synchronized_time', 'train'},
     'airbench96_faster': {'__doc__', 'hyp', 'CifarLoader', 'ConvGroup', 'make_net', 'build_net',
                           'train'},
-    'airbench94_hiverge': {'__doc__', 'hyp', 'batch_cutout', 'CifarLoader', 'ConvGroup', 'make_net',
-                           'reinitialize', 'build_net', 'init_whitening', 'LookaheadState',
-                           'lookahead_decay', 'infer', 'decoupled_sgd_groups', 'lr_schedule',
-                           'train'},
+    'airbench94_hiverge': {'__doc__', 'hyp', 'batch_flip_lr', 'batch_crop', 'batch_cutout',
+                           'CifarLoader', 'ConvGroup', 'make_net', 'reinitialize', 'build_net',
+                           'init_whitening', 'LookaheadState', 'lookahead_decay', 'infer',
+                           'decoupled_sgd_groups', 'lr_schedule', 'synchronized_time', 'train'},
 }
-# Blocks that airbench94.py lacks but several scripts share: identical in each, as the first has it
+# Blocks that airbench94.py lacks, or that several scripts share in place of its own: identical in
+# each, as the first has it
 SHARED_BEYOND_REFERENCE = {
     'recompile_on_requires_grad': ['airbench94_compiled', 'airbench94_muon', 'airbench94_hiverge'],
     'compiles': ['airbench94_muon', 'airbench94_hiverge'],
+    **dict.fromkeys(['compiled_per_image', 'coin_flips', 'prepared_images', 'DeviceClock',
+                     'read_figures', 'with_loss'],
+                    ['airbench94_compiled', 'airbench94_muon', 'airbench94_hiverge']),
+    **dict.fromkeys(['augmented_images', 'CifarLoader'], ['airbench94_compiled', 'airbench94_muon']),
 }
 BANNER_PHRASE = 'identical in all the airbench scripts'
 LIMITS = {'method': 380, 'whole': 565}  # airbench94.py's, in lines (docs/layout.md)

@@ -24,6 +24,7 @@ import os
 import resource
 import statistics
 import sys
+import time
 
 import torch
 import torch.nn as nn
@@ -119,6 +120,13 @@ def make_step(net, optimizer, loss_fn, inputs, labels, autocast):
     return step
 
 
+def synchronized_time(device):
+    """The clock (seconds) once the device has done its queued work (CUDA runs asynchronously)."""
+    if device.type == 'cuda':
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
 def time_round_robin(module, steps_by_mode, device, warmup, steps):
     """Seconds per step for each mode: `warmup` untimed steps each (compilation happens there),
     then `steps` rounds of one timed step per mode."""
@@ -128,9 +136,9 @@ def time_round_robin(module, steps_by_mode, device, warmup, steps):
     seconds = {mode: [] for mode in steps_by_mode}
     for _ in range(steps):
         for mode, step in steps_by_mode.items():
-            start = module.synchronized_time(device)
+            start = synchronized_time(device)
             step()
-            seconds[mode].append(module.synchronized_time(device) - start)
+            seconds[mode].append(synchronized_time(device) - start)
     return seconds
 
 
