@@ -11,7 +11,7 @@ paper: from the first touch of training data (whitening init) to the test predic
 Run: python airbench94.py --runs 25 --data-dir data/cifar10 (see --help). Importing it runs nothing.
 """
 import time
-from math import ceil
+from math import ceil, inf
 
 import torch
 import torch.nn.functional as F
@@ -45,6 +45,27 @@ hyp = {
         'identity_init': True,      # False: the 3x3 convs keep PyTorch's default init
         'tta_level': 2,             # 0: plain, 1: mirror, 2: mirror and two one-pixel translations
     },
+}
+
+# The values hyp takes: each switch's choices, each number's inclusive range (widths and a
+# tuple: each element's); a number in neither keeps the sign of hyp's. The command line and
+# study.py refuse any other value before training.
+HYP_CHOICES = {
+    'opt.sampling': ('reshuffle', 'replacement'),
+    'aug.flip': ('alternating', 'random', 'none'),
+    'net.whiten': (True, False),
+    'net.identity_init': (True, False),
+    'net.tta_level': (0, 1, 2),
+}
+HYP_RANGES = {
+    'opt.train_epochs': (0.001, inf),
+    'opt.batch_size': (1, inf),
+    'opt.momentum': (0, 0.999),
+    'opt.label_smoothing': (0, 1),
+    'aug.translate': (0, 31),
+    'aug.cutout': (0, 32),
+    'net.widths': (1, inf),
+    'net.batchnorm_momentum': (0, 1),
 }
 
 # ----------------------------------- Augmentation and the loader ----------------------------------
@@ -427,30 +448,22 @@ def parse_args(argv):
     args = parser.parse_args(argv)
     return args if args.runs > 0 else parser.error(f'--runs must be at least 1, not {args.runs}')
 
-HYP_CHOICES = {'flip': ('alternating', 'random', 'none'), 'tta_level': (0, 1, 2), 'whiten': (True,
-               False), 'sampling': ('reshuffle', 'replacement'), 'identity_init': (True, False),
-               'convs_per_block': (2, 3)}  # every switch (each str and bool entry) of every hyp
-HYP_RANGES = {  # inclusive, by a key's name (widths: each block's); any other number: hyp's sign
-    **dict.fromkeys(['batch_size', 'widths', 'renorm_every', 'step_every', 'newton_schulz_steps',
-                     'whiten_images'], (1, math.inf)), 'cutout': (0, 32), 'translate': (0, 31),
-    **dict.fromkeys(['label_smoothing', 'batchnorm_momentum', 'tta_fraction', 'masked_fraction',
-                     'lr_peak_fraction'], (0, 1)), 'train_epochs': (0.001, math.inf),
-    **dict.fromkeys(['momentum', 'filter_momentum'], (0, 0.999))}
-
 def check_hyp(key, value, default):
     """Refuse, before any training, a value unlike hyp's own (its type, a dict's keys, a tuple's
-    length; whole where hyp's is, but epochs) or outside HYP_CHOICES and HYP_RANGES."""
-    kind, name = type(default), key.split('.')[1]
+    length; whole where hyp's is, but epochs) or outside the script's HYP_CHOICES and HYP_RANGES
+    (where widths.block1 takes the rule of widths)."""
+    kind = type(default)
+    rule = '.'.join(key.split('.')[:2])
     if kind in (dict, tuple) and (type(value) is not kind or len(value) != len(default) or
                                   kind is dict and value.keys() != default.keys()):
         raise ValueError(f'--hyp {key} takes a value like {default!r}, not {value!r}')
     for part in (default if kind is dict else range(len(default))) if kind in (dict, tuple) else ():
         check_hyp(f'{key}.{part}' if kind is dict else key, value[part], default[part])
-    if name in HYP_CHOICES and value not in HYP_CHOICES[name]:
-        raise ValueError(f'--hyp {key} takes one of {HYP_CHOICES[name]}, not {value!r}')
+    if rule in HYP_CHOICES and value not in HYP_CHOICES[rule]:
+        raise ValueError(f'--hyp {key} takes one of {HYP_CHOICES[rule]}, not {value!r}')
     if kind in (int, float):
-        whole = kind is int and not name.endswith('epochs')
-        low, high = HYP_RANGES.get(name, (0, math.inf) if default >= 0 else (-math.inf, 0))
+        whole = kind is int and not rule.endswith('epochs')
+        low, high = HYP_RANGES.get(rule, (0, math.inf) if default >= 0 else (-math.inf, 0))
         if type(value) not in ((int,) if whole else (int, float)) or not (
                 math.isfinite(value) and low <= value <= high):
             raise ValueError(f'--hyp {key} takes {"a whole number" if whole else "a number"} from '

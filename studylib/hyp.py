@@ -10,19 +10,6 @@ import math
 from .data import DATASETS
 from .errors import StudyError
 
-# The scripts' own rules (their HYP_CHOICES and HYP_RANGES, which tests/test_layout.py holds equal
-# to these): a switch's values, and the inclusive range of a number by its key's name (widths: each
-# block's); any other number keeps the sign of hyp's.
-HYP_CHOICES = {'flip': ('alternating', 'random', 'none'), 'tta_level': (0, 1, 2),
-               'whiten': (True, False), 'sampling': ('reshuffle', 'replacement'),
-               'identity_init': (True, False), 'convs_per_block': (2, 3)}
-HYP_RANGES = {
-    **dict.fromkeys(['batch_size', 'widths', 'renorm_every', 'step_every', 'newton_schulz_steps',
-                     'whiten_images'], (1, math.inf)), 'cutout': (0, 32), 'translate': (0, 31),
-    **dict.fromkeys(['label_smoothing', 'batchnorm_momentum', 'tta_fraction', 'masked_fraction',
-                     'lr_peak_fraction'], (0, 1)), 'train_epochs': (0.001, math.inf),
-    **dict.fromkeys(['momentum', 'filter_momentum'], (0, 0.999))}
-
 FOR_STUDY_PY = {'runs': '--runs', 'seed': '--seed', 'log_dir': '--log-dir'}
 
 
@@ -74,31 +61,33 @@ def are_flags(flags):
     return False
 
 
-def check_number(key, name, value, default):
-    """A number where hyp has one: whole where hyp's is (but epochs), finite, in HYP_RANGES."""
-    whole = type(default) is int and not name.endswith('epochs')
-    low, high = HYP_RANGES.get(name, (0, math.inf) if default >= 0 else (-math.inf, 0))
+def check_number(key, rule, value, default, ranges):
+    """A number where hyp has one: whole where hyp's is (but epochs), finite, in its range."""
+    whole = type(default) is int and not rule.endswith('epochs')
+    low, high = ranges.get(rule, (0, math.inf) if default >= 0 else (-math.inf, 0))
     if type(value) not in ((int,) if whole else (int, float)) or not (
             math.isfinite(value) and low <= value <= high):
         raise StudyError(f'--hyp {key} takes {"a whole number" if whole else "a number"} from '
                          f'{low} to {high}, not {value!r}')
 
 
-def check_hyp_values(value, default, path=()):
+def check_hyp_values(value, default, choices, ranges, path=()):
     """Refuse, before any training, a value unlike hyp's own (its type, a dict's keys, a tuple's
-    length) or outside HYP_CHOICES and HYP_RANGES; path: the keys from hyp down to value."""
+    length) or outside the script's own HYP_CHOICES and HYP_RANGES (by GROUP.NAME: widths.block1
+    takes the rule of widths: choices and ranges); path: the keys from hyp down to value."""
     key, kind = '.'.join(path), type(default)
-    name = path[1] if len(path) > 1 else ''  # the entry's name (widths for widths.block1)
+    rule = '.'.join(path[:2])
     if kind in (dict, tuple) and (type(value) is not kind or len(value) != len(default) or
                                   kind is dict and value.keys() != default.keys()):
         raise StudyError(f'--hyp {key} takes a value like {default!r}, not {value!r}')
     if kind in (dict, tuple):
         for part in default if kind is dict else range(len(default)):
-            check_hyp_values(value[part], default[part], (*path, part) if kind is dict else path)
-    elif name in HYP_CHOICES and value not in HYP_CHOICES[name]:
-        raise StudyError(f'--hyp {key} takes one of {HYP_CHOICES[name]}, not {value!r}')
+            check_hyp_values(value[part], default[part], choices, ranges,
+                             (*path, part) if kind is dict else path)
+    elif rule in choices and value not in choices[rule]:
+        raise StudyError(f'--hyp {key} takes one of {choices[rule]}, not {value!r}')
     elif kind in (int, float):
-        check_number(key, name, value, default)
+        check_number(key, rule, value, default, ranges)
 
 
 def set_value(hyp, text):
@@ -122,14 +111,15 @@ def set_value(hyp, text):
         node[name] = value
 
 
-def config_hyp(script_hyp, flags, overrides=()):
+def config_hyp(script_hyp, choices, ranges, flags, overrides=()):
     """A configuration's hyp: the script's (with the paper's no flipping on SVHN), --epochs, each
-    --hyp and each override applied in that order, then every value checked."""
+    --hyp and each override applied in that order, then every value checked against the script's
+    rules (its HYP_CHOICES and HYP_RANGES)."""
     hyp = copy.deepcopy(script_hyp)
     if flags.dataset == 'svhn' and 'flip' in hyp.get('aug', {}):
         hyp['aug']['flip'] = 'none'  # digits are not mirror-symmetric (the paper's SVHN runs)
     epochs = [f'opt.train_epochs={flags.epochs}'] if flags.epochs is not None else []
     for text in [*epochs, *flags.hyp, *overrides]:
         set_value(hyp, text)
-    check_hyp_values(hyp, script_hyp)
+    check_hyp_values(hyp, script_hyp, choices, ranges)
     return hyp

@@ -76,11 +76,13 @@ def test_svhn_turns_flipping_off_unless_asked(ab94):
     flips = {}
     for flags, overrides in (([], []), (['--hyp', 'aug.flip=random'], []),
                              ([], ['aug.flip=alternating'])):
-        hyp = config_hyp(ab94.hyp, parse_flags(['--dataset', 'svhn', *flags]), overrides)
+        hyp = config_hyp(ab94.hyp, ab94.HYP_CHOICES, ab94.HYP_RANGES,
+                         parse_flags(['--dataset', 'svhn', *flags]), overrides)
         flips[(*flags, *overrides)] = hyp['aug']['flip']
     assert flips == {(): 'none', ('--hyp', 'aug.flip=random'): 'random',
                      ('aug.flip=alternating',): 'alternating'}
-    assert config_hyp(ab94.hyp, parse_flags([]))['aug']['flip'] == 'alternating'
+    hyp = config_hyp(ab94.hyp, ab94.HYP_CHOICES, ab94.HYP_RANGES, parse_flags([]))
+    assert hyp['aug']['flip'] == 'alternating'
 
 
 def test_the_default_data_directory_is_named_by_the_dataset_and_no_other_is_changed():

@@ -195,7 +195,8 @@ def refusals(script, setting):
     """(the script's message, study.py's message) for --hyp SETTING; None where it takes it."""
     said = []
     for check in (lambda: script.hyp_with_flags(script.parse_args(['--hyp', setting])),
-                  lambda: config_hyp(script.hyp, parse_flags(['--hyp', setting]))):
+                  lambda: config_hyp(script.hyp, script.HYP_CHOICES, script.HYP_RANGES,
+                                     parse_flags(['--hyp', setting]))):
         try:
             check()
             said.append(None)

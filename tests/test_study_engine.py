@@ -131,7 +131,8 @@ def test_a_study_made_by_the_study_py_of_before_opens_and_continues(study_main, 
     script, flags = open_script('airbench94'), parse_flags([*training(), '--data-dir', image_folder])
     for name, config in saved['configs'].items():
         config['script_sha256'] = script.sha256
-        config['hyp'] = as_json(config_hyp(script.module.hyp, flags, config['overrides']))
+        config['hyp'] = as_json(config_hyp(script.module.hyp, script.module.HYP_CHOICES,
+                                           script.module.HYP_RANGES, flags, config['overrides']))
     (study_dir / 'study.json').write_text(json.dumps(saved))
     assert study_main(['airbench94', '--runs', '3', '--study-dir', str(study_dir), *configs, '--',
                        *training(), '--data-dir', image_folder]) == 0
@@ -182,8 +183,8 @@ def test_a_copy_with_less_than_its_method_is_refused_naming_what_it_lacks(
                        *QUICK, '--data-dir', image_folder]) == 1
     (line,) = capsys.readouterr().err.splitlines()
     assert line == (f'error: {copy} lacks {missing}, which study.py needs: a copy defines the '
-                    'method (hyp, train, build_net, infer, CifarLoader, source_seeds: a script\'s '
-                    'part above the banner), and needs nothing below it')
+                    'method (hyp, HYP_CHOICES, HYP_RANGES, train, build_net, infer, CifarLoader, '
+                    'source_seeds: a script\'s part above the banner), and needs nothing below it')
     assert not (tmp_path / 'study').exists()
 
 
