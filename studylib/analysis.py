@@ -12,7 +12,7 @@ import traceback
 
 import numpy as np
 
-from . import fits, inference
+from .stats import fits, inference
 
 EPOCHS_KEY = 'opt.train_epochs'
 POWER = 0.8  # the power at which planning figures are given

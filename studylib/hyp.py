@@ -1,65 +1,11 @@
-"""The flags after -- (the data, the device and the hyp of every configuration) and each
-configuration's hyp: the script's, then --epochs N as opt.train_epochs=N, then each --hyp, then
-the configuration's overrides, in that order (a later one wins), every value checked."""
-import argparse
+"""Each configuration's hyp: the script's, then --epochs N as opt.train_epochs=N, then each --hyp,
+then the configuration's overrides, in that order (a later one wins), every value checked against
+the script's own rules (its HYP_CHOICES and HYP_RANGES)."""
 import ast
-import contextlib
 import copy
 import math
 
-from .data import DATASETS
 from .errors import StudyError
-
-FOR_STUDY_PY = {'runs': '--runs', 'seed': '--seed', 'log_dir': '--log-dir'}
-
-
-class FlagParser(argparse.ArgumentParser):
-    def error(self, message):
-        raise StudyError(f'the flags after -- are not valid: {message}')
-
-
-def flag_parser():
-    parser = FlagParser(prog='study.py ... --', add_help=False)
-    add = parser.add_argument
-    add('--dataset', default='cifar10', choices=DATASETS,
-        help='folder: any image-folder dataset; the others also from their torchvision layout')
-    add('--data-dir', default='data/DATASET', help='an image folder (train/<class>/*, '
-        "test/<class>/*) or torchvision's layout (downloaded when absent); cached as tensors")
-    add('--train-splits', default='train', help='image-folder splits to train on, e.g. train,valid')
-    add('--device', default='auto', help='auto (CUDA if present), cpu, cuda, cuda:1, ...')
-    add('--precision', default='auto', choices=['auto', 'fp16', 'bf16', 'fp32'])
-    add('--epochs', type=float, help='the same as --hyp opt.train_epochs=EPOCHS, applied first')
-    add('--hyp', action='append', default=[], metavar='KEY=VALUE')
-    add('--epoch-eval', action=argparse.BooleanOptionalAction, default=True, help='untimed')
-    add('--warmup', action=argparse.BooleanOptionalAction, default=True, help='untimed, dummy data')
-    add('--deterministic', action='store_true', help='CUDA: a seed repeats a run bitwise (slower)')
-    for flag in FOR_STUDY_PY.values():
-        add(flag, help=argparse.SUPPRESS)
-    return parser
-
-
-def parse_flags(flags):
-    """The flags after --, refused when they are study.py's own or not valid."""
-    args = flag_parser().parse_args(flags)
-    for key, flag in FOR_STUDY_PY.items():
-        if getattr(args, key) is not None:
-            raise StudyError(f'{flag} after -- is for the script alone; study.py has its own '
-                             f'(--runs, --seed before --) and writes to --study-dir')
-    if args.dataset == 'folder' and args.data_dir == 'data/DATASET':
-        raise StudyError('--dataset folder needs --data-dir DIR (a directory with train/ and '
-                         'test/)')
-    if args.data_dir == 'data/DATASET':
-        args.data_dir = f'data/{args.dataset}'
-    return args
-
-
-def are_flags(flags):
-    """Whether flags are all flags of the part after -- (study.py's own, as --seed, are not)."""
-    with contextlib.suppress(StudyError):
-        args = flag_parser().parse_args(flags)
-        return all(getattr(args, key) is None for key in FOR_STUDY_PY)
-    return False
-
 
 def check_number(key, rule, value, default, ranges):
     """A number where hyp has one: whole where hyp's is (but epochs), finite, in its range."""

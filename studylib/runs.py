@@ -14,8 +14,7 @@ import socket
 import torch
 
 from .data import dummy_dataset
-from .device import compiled_graph_count
-from .environment import device_model
+from .device import compiled_graph_count, device_model
 from .errors import RunsFailed
 from .records import RunRecord
 

@@ -17,12 +17,12 @@ from conftest import REPO, load_tool
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from studylib.fits import (PowerLaw, effective_speedup, effective_speedup_interval,  # noqa: E402
+from studylib.stats.fits import (PowerLaw, effective_speedup, effective_speedup_interval,  # noqa: E402
                            epochs_to_accuracy, epochs_to_accuracy_interval, fit_power_law)
 from studylib import analysis, markdown  # noqa: E402
 from studylib.config import Config  # noqa: E402
-from studylib import variance  # noqa: E402  (its test_set_std would be collected as a test)
-from studylib.variance import (class_aggregated_calibration_error,  # noqa: E402
+from studylib.stats import variance  # noqa: E402  (its test_set_std would be collected as a test)
+from studylib.stats.variance import (class_aggregated_calibration_error,  # noqa: E402
                                distribution_wise_std, distribution_wise_variance)
 
 

@@ -12,7 +12,8 @@ from conftest import (CPU, QUICK, load_script, run_script, summary_of, tiny_data
 load_script('study')  # puts the repository on the path
 import studylib.data  # noqa: E402
 from studylib.data import CIFAR10_MEAN, CIFAR10_STD, load_study_data  # noqa: E402
-from studylib.hyp import config_hyp, parse_flags  # noqa: E402
+from studylib.cli import parse_flags  # noqa: E402
+from studylib.hyp import config_hyp  # noqa: E402
 
 
 def test_class_count_comes_from_the_data_and_sets_the_head(ab94, tmp_path):

@@ -19,7 +19,8 @@ load_script('study')  # puts the repository on the path
 import studylib.data  # noqa: E402
 from studylib.data import load_study_data  # noqa: E402
 from studylib.errors import StorageError, StudyError  # noqa: E402
-from studylib.hyp import config_hyp, parse_flags  # noqa: E402
+from studylib.cli import parse_flags  # noqa: E402
+from studylib.hyp import config_hyp  # noqa: E402
 
 
 @pytest.fixture(params=ALL_SCRIPTS)

@@ -12,7 +12,7 @@ from scipy import stats
 from conftest import load_script, load_tool
 
 import study  # noqa: E402  (the repository is on the path: conftest)
-from studylib import fits, inference, variance  # noqa: E402
+from studylib.stats import fits, inference, variance  # noqa: E402
 
 # Student's sleep data (Student 1908; R's `sleep`): extra hours of sleep under two drugs, the same
 # 10 patients. R 4.x, t.test(extra ~ group, data = sleep, paired = TRUE): t = -4.0621, df = 9,
@@ -323,7 +323,7 @@ def test_interval_coverage_on_simulated_studies():
     studies a coverage of 95% shows as at least 89% with probability 0.998 (binomial). The
     interval is narrower than the former one (each cell drawn alone from its own Student t) on
     the same studies."""
-    coverage = load_tool('coverage')
+    coverage = load_tool('interval_coverage')
     case = coverage.cases()['epochs to 94%, law A'][0]
     truth, simulate = case('normal')
     found = coverage.coverage(simulate, truth, 3, 100, seed=7, draws=1000)
@@ -337,7 +337,7 @@ def test_speedup_interval_covers_at_three_runs_and_is_narrower_than_before():
     (the full table, 400 studies: 93.8% covered, mean width 8.6 points against the former
     interval's 24.1 at 100% coverage): with 200 studies a coverage of 95% shows as at least 91% with probability
     0.99 (binomial); the width is under half the former one's on the same studies."""
-    coverage = load_tool('coverage')
+    coverage = load_tool('interval_coverage')
     truth, simulate = coverage.cases()['speedup at 10 epochs, law A'][0]('normal')
     found = coverage.coverage(simulate, truth, 3, 200, seed=12, draws=1000)
     assert found['ours'] >= 0.91
@@ -347,7 +347,7 @@ def test_speedup_interval_covers_at_three_runs_and_is_narrower_than_before():
 def test_mean_and_comparison_intervals_cover():
     """Student-t intervals on normal noise: 95% by construction; 1000 simulated studies at n = 3
     (standard error 0.7 points): allowed 92.5%. The one-sided bound of a target claim too."""
-    coverage = load_tool('coverage')
+    coverage = load_tool('interval_coverage')
     for name in ('mean (Student t)', "compare, Welch's t (independent runs)", 'compare, paired t',
                  'target claim: one-sided 95% lower bound (width: mean - bound)'):
         truth, simulate = coverage.cases()[name][0]('normal')
@@ -478,7 +478,7 @@ def test_calibration_bins_are_what_they_say():
     used = variance.bins_used(pairs, binning, 10)
     assert [b['share'] for b in used] == pytest.approx([0.8, 0.06, 0.06, 0.04, 0.04])
     assert (used[1]['low'], used[1]['high']) == (0.1, 0.3)
-    coverage = load_tool('coverage')
+    coverage = load_tool('interval_coverage')
     halves, labels = coverage.simulated_halves(100, 1.0, np.random.default_rng(14))
     entry = variance.split_half_calibration_error(halves, labels)[0]
     assert entry['bins_used'] == [15, 15] and len(entry['bins']) == 15
@@ -494,7 +494,7 @@ def test_calibration_error_means_the_same_at_100_and_1000_runs():
     plug-in estimate of the same runs falls from 0.031 to 0.018 (the issue's finding). An
     over-confident ensemble (labels from pi^0.6) reads about 0.30 at both sizes, far above the
     level of a calibrated one."""
-    coverage = load_tool('coverage')
+    coverage = load_tool('interval_coverage')
     found = {}
     for runs in (100, 1000):
         rng = np.random.default_rng(runs)

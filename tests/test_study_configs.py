@@ -173,7 +173,8 @@ BAD_CONFIGS = [  # study.py's flags, the message
 def test_the_flags_after_the_separator_then_the_overrides_set_hyp_in_that_order():
     """One owner, one order: the script's hyp, --epochs N as opt.train_epochs=N, each --hyp, then
     the configuration's overrides; a later one wins, and none is refused for another."""
-    from studylib.hyp import config_hyp, parse_flags
+    from studylib.cli import parse_flags
+    from studylib.hyp import config_hyp
     script = load_script('airbench94')
     hyp = script.hyp
 
