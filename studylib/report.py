@@ -80,6 +80,7 @@ def summarize(study_dir, target=None, resolve=None, margin=None, time_margin=Non
     failed = failed_runs(study_dir, study)
     configs = study.configs
     expected = len(configs) * study.runs
+    overhead = analysis.section(analysis.between_runs, runs)
     summary = dict(
         status='complete' if len(runs) == expected else 'partial', runs_requested=study.runs,
         runs_finished=len(runs), runs_failed=sum(map(len, failed.values())),
@@ -95,7 +96,9 @@ def summarize(study_dir, target=None, resolve=None, margin=None, time_margin=Non
         speedup=analysis.section(analysis.speedup_analysis, runs, configs, target),
         variance=analysis.section(variance_analysis, study_dir, runs, settings),
         launches=[dict(id=launch['id'], started=launch['started'],
-                       environment=launch['environment']) for launch in study.launches])
+                       environment=launch['environment'],
+                       between_runs=overhead.get(launch['id']))
+                  for launch in study.launches])
     summary['looks'] = analysis.section(looks.looks_analysis, study, runs, summary, given,
                                         looks.read_looks(study_dir))
     return summary, runs

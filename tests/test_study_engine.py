@@ -100,6 +100,28 @@ def test_the_engines_work_per_run_does_not_grow_with_the_runs(study_main, image_
     assert per_run[1] == pytest.approx(per_run[0], rel=0.02), lines
 
 
+def test_the_report_gives_the_engines_time_between_runs(study_main, image_folder, tmp_path):
+    """Each record says when its run started; the report gives, per launch, the mean time from a
+    run's finish to its process's next start, over the mean run (on a GPU it must stay under 2%)."""
+    import datetime
+    study_dir = tmp_path / 'study'
+    assert study_main([STAND_IN, '--runs', '6', '--study-dir', str(study_dir), '--', *QUICK,
+                       '--data-dir', image_folder]) == 0
+    found = sorted(records(study_dir).values(), key=lambda record: record['started'])
+    moment = [[datetime.datetime.fromisoformat(r[key]) for key in ('started', 'finished')]
+              for r in found]
+    gaps = [(later[0] - earlier[1]).total_seconds() for earlier, later in zip(moment, moment[1:])]
+    runs = [(finished - started).total_seconds() for started, finished in moment]
+    assert all(gap >= 0 for gap in gaps) and all(run > 0 for run in runs)
+    (launch,) = study_summary(study_dir)['launches']
+    between = launch['between_runs']
+    assert between['gaps'] == 5
+    assert between['gap_seconds'] == pytest.approx(sum(gaps) / 5, abs=1e-6)
+    assert between['fraction'] == pytest.approx(sum(gaps) / 5 / (sum(runs) / 6), rel=1e-6)
+    report = (study_dir / 'report.md').read_text()
+    assert f"% of a run's {between['run_seconds']:.3g} s (5 gaps)" in report
+
+
 def test_a_config_is_one_type_from_the_command_line_to_study_json_and_back(
         study_main, image_folder, tmp_path):
     args = cli.parse_args([STAND_IN, '--runs', '1', '--study-dir', str(tmp_path / 'study'),
