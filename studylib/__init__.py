@@ -1,5 +1,5 @@
 """studylib: the engine and analyses behind study.py, one module per job, in five layers. A module
-imports only from its own layer and the layers below it (tests/test_study_engine.py checks it):
+imports only from its own layer and the layers below it (tests/engine/test_study_engine.py checks it):
 
 1. The statistics (studylib.stats), on plain arrays; nothing of studylib below them. inference: a
    mean and its interval, the test against a target with its one-sided bound, comparisons,
