@@ -31,7 +31,7 @@ from studylib.stats import variance  # noqa: E402
 STAND_IN = os.path.join(REPO, 'tests', 'stand_in_script.py')
 QUICK = ['--dataset', 'folder', '--device', 'cpu', '--precision', 'fp32', '--no-warmup',
          '--hyp', 'opt.batch_size=64', '--hyp', 'curve.noise=0.03']
-VOLATILE = ('finished', 'launch')  # what a run trained again changes in its record
+VOLATILE = ('started', 'finished', 'launch')  # what a run trained again changes in its record
 
 
 def argv(study_dir, image_folder, runs=3):
