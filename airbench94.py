@@ -76,7 +76,8 @@ def batch_flip_lr(images, generator=None):
 
 def batch_crop(padded_images, crop_size, generator=None):
     """Crop each image at its own uniformly random position: a random translation, once padded."""
-    n, max_shift = len(padded_images), padded_images.size(-1) - crop_size
+    n = len(padded_images)
+    max_shift = padded_images.size(-1) - crop_size
     shifts = torch.randint(max_shift + 1, (n, 2), device=padded_images.device, generator=generator)
     # windows[i, c, y, x] is the crop_size x crop_size window of image i whose corner is at (y, x)
     windows = padded_images.unfold(2, crop_size, 1).unfold(3, crop_size, 1)
@@ -100,8 +101,13 @@ class CifarLoader:
     def __init__(self, images, labels, batch_size, mean, std, aug, dtype=torch.float32,
                  order_generator=None, aug_generator=None, sampling='reshuffle'):
         self.images = images.permute(0, 3, 1, 2).to(dtype) / 255  # uint8 NHWC -> [0, 1] NCHW
-        self.labels, self.batch_size, self.aug, self.sampling = labels, batch_size, aug, sampling
-        self.order_generator, self.aug_generator, self.epoch = order_generator, aug_generator, 0
+        self.labels = labels
+        self.batch_size = batch_size
+        self.aug = aug
+        self.sampling = sampling
+        self.order_generator = order_generator
+        self.aug_generator = aug_generator
+        self.epoch = 0
         self.mean = torch.tensor(mean, device=images.device, dtype=dtype).view(1, -1, 1, 1)
         self.std = torch.tensor(std, device=images.device, dtype=dtype).view(1, -1, 1, 1)
         self.padded_images = None  # normalized, pre-flipped and reflect-padded in the first epoch
@@ -113,7 +119,9 @@ class CifarLoader:
         return len(self.images) // self.batch_size
 
     def augmented_epoch(self):
-        flip, pad, cutout = self.aug['flip'], self.aug['translate'], self.aug['cutout']
+        flip = self.aug['flip']
+        pad = self.aug['translate']
+        cutout = self.aug['cutout']
         if self.padded_images is None:
             images = self.normalize(self.images)
             if flip == 'alternating':
@@ -133,7 +141,8 @@ class CifarLoader:
     def __iter__(self):
         images = self.augmented_epoch()
         self.epoch += 1
-        n, draw = len(images), dict(device=images.device, generator=self.order_generator)
+        n = len(images)
+        draw = dict(device=images.device, generator=self.order_generator)
         indices = (torch.randint(n, (n,), **draw) if self.sampling == 'replacement'  # N draws
                    else torch.randperm(n, **draw))
         for batch in indices[:len(self) * self.batch_size].split(self.batch_size):
@@ -204,7 +213,8 @@ def reinitialize(net, whiten=True, identity_init=True):
             module.reset_parameters()
     if identity_init:
         init_identity(net)
-    net[0].weight.requires_grad, net[0].bias.requires_grad = not whiten, True
+    net[0].weight.requires_grad = not whiten
+    net[0].bias.requires_grad = True
 
 def build_net(arch, num_classes, device, precision):
     """make_net from hyp['net'], on the device in a precision recipe, channels_last. 'fp16': the
@@ -252,7 +262,8 @@ def infer(net, images, tta_level, autocast, batch_size=EVAL_BATCH_SIZE):
             return net(x).float()
         if tta_level == 1:
             return mirror_mean(x)
-        padded, size = F.pad(x, (1,) * 4, mode='reflect'), x.size(-1)
+        padded = F.pad(x, (1,) * 4, mode='reflect')
+        size = x.size(-1)
         shifted = [padded[:, :, :size, :size], padded[:, :, 2:, 2:]]
         return 0.5 * mirror_mean(x) + 0.25 * sum(mirror_mean(view) for view in shifted)
 
@@ -267,7 +278,8 @@ def decoupled_sgd_groups(net, lr, weight_decay, momentum, batch_size, bias_scale
     times the gradient: dividing by that makes the step size independent of momentum. The decay
     per step (PyTorch's lr * weight_decay) is the same in every group, whatever its lr."""
     kilostep_scale = 1024 * (1 + 1 / (1 - momentum))
-    base_lr, bias_lr = lr / kilostep_scale, bias_scaler * lr / kilostep_scale
+    base_lr = lr / kilostep_scale
+    bias_lr = bias_scaler * lr / kilostep_scale
     decay_per_step = weight_decay * batch_size / kilostep_scale
     trainable = [(name, p) for name, p in net.named_parameters() if p.requires_grad]
     norm_biases = [p for name, p in trainable if 'norm' in name]
@@ -319,16 +331,19 @@ def train(data, hyp, device, precision, seed, net=None, epoch_eval=True, on_epoc
     images (N, 32, 32, 3) and labels of 'train' and 'test' on the device, 'classes', 'mean', 'std'.
     net: from build_net, reinitialized and trained in place (built when None). on_epoch(figures)
     gets each epoch's figures, untimed (it may raise to stop). Returns the run's figures and net."""
-    opt, arch = hyp['opt'], hyp['net']
-    batch_size, epochs = opt['batch_size'], opt['train_epochs']
+    opt = hyp['opt']
+    arch = hyp['net']
+    batch_size = opt['batch_size']
+    epochs = opt['train_epochs']
     dtype = torch.float16 if precision == 'fp16' else torch.float32
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=(precision == 'bf16'))
     seeds = seed if isinstance(seed, dict) else source_seeds(seed)
     generators = [torch.Generator(device).manual_seed(seeds[key]) for key in ('order', 'aug')]
     loader = CifarLoader(data['train']['images'], data['train']['labels'], batch_size, data['mean'],
                          data['std'], hyp['aug'], dtype, *generators, sampling=opt['sampling'])
-    test_images, test_labels = data['test']['images'].permute(0, 3, 1, 2), data['test']['labels']
+    test_images = data['test']['images'].permute(0, 3, 1, 2)
     test_images = loader.normalize(test_images.to(dtype) / 255)
+    test_labels = data['test']['labels']
     total_steps = ceil(len(loader) * epochs)
     net = build_net(arch, len(data['classes']), device, precision) if net is None else net
     torch.manual_seed(seeds['init'])
@@ -347,7 +362,9 @@ def train(data, hyp, device, precision, seed, net=None, epoch_eval=True, on_epoc
     lookahead = LookaheadState(net) if 0 < opt['lookahead_every'] <= total_steps else None
     total_time_seconds = synchronized_time(device) - start_time
 
-    step, epoch_train_losses, val_acc = 0, [], None
+    step = 0
+    epoch_train_losses = []
+    val_acc = None
     for epoch in range(ceil(epochs)):
         net[0].bias.requires_grad = epoch < opt['whiten_bias_epochs'] or not arch['whiten']
         start_time = synchronized_time(device)
