@@ -21,7 +21,7 @@ Run: python airbench94_compiled.py --runs 25 (see --help). Importing it only def
 things: the method, then below the banner "Running the script" what runs it (alike in all scripts).
 """
 import time
-from math import ceil
+from math import ceil, inf
 
 import torch
 import torch.nn.functional as F
@@ -57,6 +57,27 @@ hyp = {
     },
 }
 
+# The values hyp takes: each switch's choices, each number's inclusive range (widths and a
+# tuple: each element's); a number in neither keeps the sign of hyp's. The command line and
+# study.py refuse any other value before training.
+HYP_CHOICES = {
+    'opt.sampling': ('reshuffle', 'replacement'),
+    'aug.flip': ('alternating', 'random', 'none'),
+    'net.whiten': (True, False),
+    'net.identity_init': (True, False),
+    'net.tta_level': (0, 1, 2),
+}
+HYP_RANGES = {
+    'opt.train_epochs': (0.001, inf),
+    'opt.batch_size': (1, inf),
+    'opt.momentum': (0, 0.999),
+    'opt.label_smoothing': (0, 1),
+    'aug.translate': (0, 31),
+    'aug.cutout': (0, 32),
+    'net.widths': (1, inf),
+    'net.batchnorm_momentum': (0, 1),
+}
+
 # ----------------------------------- Augmentation and the loader ----------------------------------
 # An epoch's augmentation is arithmetic on the whole training set from a few random draws per image.
 # The draws come eagerly from the loader's generator (compiled code draws from no torch.Generator);
@@ -72,10 +93,6 @@ def compiled_per_image(function):
                 torch._dynamo.mark_dynamic(arg, 0)
         return compiled(*args)
     return call
-
-def coin_flips(n, device, generator=None):
-    """n fair coin flips: True mirrors that image."""
-    return torch.rand(n, device=device, generator=generator) < 0.5
 
 def coin_flips(n, device, generator=None):
     """n fair coin flips: True mirrors that image."""
@@ -504,8 +521,7 @@ def train(data, hyp, device, precision, seed, net=None, epoch_eval=True, on_epoc
 # Running the script: identical in all the airbench scripts, not part of the method. study.py     #
 # trains many runs of a script, with what studies need (package studylib).                        #
 ####################################################################################################
-import argparse, ast, copy, json, math, os, statistics, sys, uuid
-import torchvision
+import argparse, ast, copy, json, math, os, statistics, sys, torchvision, uuid
 from PIL import Image  # torchvision's
 
 def read_image(path):  # an unreadable file's error names the file
@@ -526,7 +542,8 @@ def load_dataset(name, data_dir, download=True):
                              f'({sets[0].classes} and {sets[1].classes}); they need the same.')
         images = [torch.stack([image for image, _ in s]).view(-1, 32, 32, 3) for s in sets]
         pixels = images[0].view(-1, 3).double() / 255  # its own mean and std
-        mean, std = tuple(pixels.mean(0).tolist()), tuple(pixels.std(0).tolist())
+        mean = tuple(pixels.mean(0).tolist())
+        std = tuple(pixels.std(0).tolist())
     else:
         try:
             assert name == 'cifar10', f'there is no {name} to download'
@@ -537,7 +554,8 @@ def load_dataset(name, data_dir, download=True):
                              f'{os.path.abspath(data_dir)}, nor network access to download it '
                              f'({error}); point --data-dir at one.') from None
         images = [torch.from_numpy(s.data) for s in sets]
-        mean, std = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+        mean = (0.4914, 0.4822, 0.4465)
+        std = (0.2470, 0.2435, 0.2616)
     return {**{split: {'images': x, 'labels': torch.tensor(s.targets)} for split, x, s in zip(
         ('train', 'test'), images, sets)}, 'classes': sets[1].classes, 'mean': mean, 'std': std}
 
@@ -558,42 +576,36 @@ def parse_args(argv):
     add('--warmup', action=argparse.BooleanOptionalAction, default=True, help='an untimed run first')
     add('--log-dir', default='logs', help='logs go to LOG_DIR/<uuid>/summary.json')
     args = parser.parse_args(argv)
-    return args if args.runs > 0 else parser.error(f'--runs must be at least 1, not {args.runs}')
-
-HYP_CHOICES = {'flip': ('alternating', 'random', 'none'), 'tta_level': (0, 1, 2), 'whiten': (True,
-               False), 'sampling': ('reshuffle', 'replacement'), 'identity_init': (True, False),
-               'convs_per_block': (2, 3)}  # every switch (each str and bool entry) of every hyp
-HYP_RANGES = {  # inclusive, by a key's name (widths: each block's); any other number: hyp's sign
-    **dict.fromkeys(['batch_size', 'widths', 'renorm_every', 'step_every', 'newton_schulz_steps',
-                     'whiten_images'], (1, math.inf)), 'cutout': (0, 32), 'translate': (0, 31),
-    **dict.fromkeys(['label_smoothing', 'batchnorm_momentum', 'tta_fraction', 'masked_fraction',
-                     'lr_peak_fraction'], (0, 1)), 'train_epochs': (0.001, math.inf),
-    **dict.fromkeys(['momentum', 'filter_momentum'], (0, 0.999))}
+    if args.runs < 1:
+        parser.error(f'--runs must be at least 1, not {args.runs}')
+    return args
 
 def check_hyp(key, value, default):
     """Refuse, before any training, a value unlike hyp's own (its type, a dict's keys, a tuple's
-    length; whole where hyp's is, but epochs) or outside HYP_CHOICES and HYP_RANGES."""
-    kind, name = type(default), key.split('.')[1]
+    length; whole where hyp's is, but epochs) or outside HYP_CHOICES, HYP_RANGES by GROUP.NAME."""
+    kind = type(default)
+    rule = '.'.join(key.split('.')[:2])
     if kind in (dict, tuple) and (type(value) is not kind or len(value) != len(default) or
                                   kind is dict and value.keys() != default.keys()):
         raise ValueError(f'--hyp {key} takes a value like {default!r}, not {value!r}')
-    for part in (default if kind is dict else range(len(default))) if kind in (dict, tuple) else ():
+    parts = default if kind is dict else range(len(default)) if kind is tuple else ()
+    for part in parts:  # a dict's entries by name (widths.block1); a tuple's elements by its key
         check_hyp(f'{key}.{part}' if kind is dict else key, value[part], default[part])
-    if name in HYP_CHOICES and value not in HYP_CHOICES[name]:
-        raise ValueError(f'--hyp {key} takes one of {HYP_CHOICES[name]}, not {value!r}')
+    if rule in HYP_CHOICES and value not in HYP_CHOICES[rule]:
+        raise ValueError(f'--hyp {key} takes one of {HYP_CHOICES[rule]}, not {value!r}')
     if kind in (int, float):
-        whole = kind is int and not name.endswith('epochs')
-        low, high = HYP_RANGES.get(name, (0, math.inf) if default >= 0 else (-math.inf, 0))
+        whole = kind is int and not rule.endswith('epochs')
+        low, high = HYP_RANGES.get(rule, (0, math.inf) if default >= 0 else (-math.inf, 0))
         if type(value) not in ((int,) if whole else (int, float)) or not (
                 math.isfinite(value) and low <= value <= high):
             raise ValueError(f'--hyp {key} takes {"a whole number" if whole else "a number"} from '
                              f'{low} to {high}, not {value!r}')
 
 def hyp_with_flags(args):
-    """hyp with --epochs N as opt.train_epochs=N, then each --hyp GROUP.KEY=VALUE (a word such as
-    'random': a string), each value checked."""
+    """hyp with --epochs N as opt.train_epochs=N, then each --hyp KEY=VALUE, each value checked."""
     run_hyp = copy.deepcopy(hyp)
-    for text in [f'opt.train_epochs={args.epochs}'] * (args.epochs is not None) + args.hyp:
+    epochs = [f'opt.train_epochs={args.epochs}'] if args.epochs is not None else []
+    for text in epochs + args.hyp:
         key, sep, value = text.partition('=')
         group, _, name = key.partition('.')
         if not sep or name not in run_hyp.get(group, {}):
@@ -608,7 +620,9 @@ def hyp_with_flags(args):
 
 def mean_and_interval(values):
     """n, mean, std and the 95% interval of the mean (Student's t; past 25 runs within 0.4%)."""
-    n, mean, std = len(values), statistics.mean(values), statistics.stdev(values)
+    n = len(values)
+    mean = statistics.mean(values)
+    std = statistics.stdev(values)
     t = ([12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23, 2.20, 2.18, 2.16, 2.14, 2.13,
           2.12, 2.11, 2.10, 2.09, 2.09, 2.08, 2.07, 2.07, 2.06] + [1.96 + 2.4 / n] * n)[n - 2]
     return dict(n=n, mean=mean, std=std, ci95=[mean - t * std / n**0.5, mean + t * std / n**0.5])
@@ -616,7 +630,8 @@ def mean_and_interval(values):
 def warm_up(data, run_hyp, device, precision, seed, net, full):
     """An untimed run on two batches of random labels: full (CUDA), past the whitening bias's
     freeze and evaluating the real test set (compilation, kernel choices); else 2 steps."""
-    n, opt = 2 * run_hyp['opt']['batch_size'], run_hyp['opt']
+    opt = run_hyp['opt']
+    n = 2 * opt['batch_size']
     epochs = min(math.ceil(opt['whiten_bias_epochs']) + 1 if full else 1, opt['train_epochs'])
     warm = {split: {k: v[:n] for k, v in data[split].items()} for split in ('train', 'test')}
     warm['train']['labels'] = torch.randint_like(warm['train']['labels'], len(data['classes']))
@@ -631,7 +646,8 @@ def main(argv=None):
         if device.type == 'cuda' and not torch.cuda.is_available():
             raise ValueError(f'--device {device} asks for CUDA, but this torch '
                              f'({torch.__version__}) sees no CUDA device; use --device cpu.')
-        run_hyp, data = hyp_with_flags(args), load_dataset('cifar10', args.data_dir)
+        run_hyp = hyp_with_flags(args)
+        data = load_dataset('cifar10', args.data_dir)
         if len(data['train']['labels']) < run_hyp['opt']['batch_size']:
             raise ValueError(f"{len(data['train']['labels'])} training images make no full "
                              f"batch of {run_hyp['opt']['batch_size']}; set opt.batch_size lower.")
@@ -642,17 +658,18 @@ def main(argv=None):
                                        'bf16' if cpu_bf16 else 'fp32')
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), 'little') >> 1
     data.update({s: {k: v.to(device) for k, v in data[s].items()} for s in ('train', 'test')})
-    opt, classes, log_dir = run_hyp['opt'], len(data['classes']), f'{args.log_dir}/{uuid.uuid4()}'
+    log_dir = f'{args.log_dir}/{uuid.uuid4()}'
     log = dict(argv=argv, hyp=run_hyp, device=str(device), precision=precision, base_seed=seed,
                torch_version=torch.__version__, runs=[], code=open(__file__).read())
     print(f"device {device}, precision {precision}, torch {torch.__version__}, seed {seed}, "
-          f"{len(data['train']['labels'])} training images in {classes} classes")
-    net, start = build_net(run_hyp['net'], classes, device, precision), time.perf_counter()
+          f"{len(data['train']['labels'])} training images in {len(data['classes'])} classes")
+    net = build_net(run_hyp['net'], len(data['classes']), device, precision)
+    start = time.perf_counter()
     torch.backends.cudnn.benchmark = True
     if args.warmup:
         warm_up(data, run_hyp, device, precision, seed, net, full=device.type == 'cuda')
-    log['warmup_seconds'], columns = time.perf_counter() - start, [
-        'run', 'epoch', 'train_loss', 'train_acc', 'val_acc', 'tta_val_acc', 'total_time_seconds']
+    log['warmup_seconds'] = time.perf_counter() - start
+    columns = 'run epoch train_loss train_acc val_acc tta_val_acc total_time_seconds'.split()
     print(f"warmup: {log['warmup_seconds']:.1f} s\n| {' | '.join(columns)} |")
 
     def report(figures):
@@ -663,7 +680,8 @@ def main(argv=None):
                                      f"{figures['train_loss']} in epoch {figures['epoch']}. Lower "
                                      'the learning rate (--hyp opt.lr=...) or check the data.')
         if (figures['run'], figures['epoch']) == (0, 0):  # the default 25 runs take hours on a CPU
-            left = (time.perf_counter() - start) * (math.ceil(opt['train_epochs']) * args.runs - 1)
+            epochs = math.ceil(run_hyp['opt']['train_epochs'])
+            left = (time.perf_counter() - start) * (epochs * args.runs - 1)
             print(f'about {left / 60:.1f} minutes left for the {args.runs} runs')
 
     def write_log(status):  # after each run, replaced whole: a crash keeps the runs before it
@@ -679,17 +697,20 @@ def main(argv=None):
                            on_epoch=lambda figures: report({**figures, 'run': run}))
             log['runs'].append({key: value for key, value in result.items() if key != 'net'})
             report({**log['runs'][-1], 'run': run, 'epoch': 'eval'})
-            write_log(status := 'finished' if run + 1 == args.runs else 'running')
+            status = 'finished' if run + 1 == args.runs else 'running'
+            write_log(status)
     except KeyboardInterrupt:
         status = 'interrupted'
         print(f"\nInterrupted: {len(log['runs'])} of {args.runs} runs finished and are in the log")
     except FloatingPointError as error:
         status = 'diverged'
         print(f'\nerror: {error} Earlier runs are in the log.')
-    for key in ('tta_val_acc', 'total_time_seconds') if len(log['runs']) > 1 else ():
-        stats = log[key] = mean_and_interval([run[key] for run in log['runs']])
-        print(f"{key}: mean {stats['mean']:.4f}  std {stats['std']:.4f}  n {stats['n']}  "
-              f"95% CI [{stats['ci95'][0]:.4f}, {stats['ci95'][1]:.4f}]")
+    if len(log['runs']) > 1:  # a mean and interval need two runs
+        for key in ('tta_val_acc', 'total_time_seconds'):
+            stats = mean_and_interval([run[key] for run in log['runs']])
+            log[key] = stats
+            print(f"{key}: mean {stats['mean']:.4f}  std {stats['std']:.4f}  n {stats['n']}  "
+                  f"95% CI [{stats['ci95'][0]:.4f}, {stats['ci95'][1]:.4f}]")
     write_log(status)
     print(f'Log: {os.path.abspath(log_dir)}')
     return {'finished': 0, 'diverged': 1, 'interrupted': 130}[status]

@@ -40,14 +40,14 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from studylib.fits import (effective_speedup, effective_speedup_interval,  # noqa: E402
+from studylib.stats.fits import (effective_speedup, effective_speedup_interval,  # noqa: E402
                            epochs_to_accuracy, epochs_to_accuracy_interval, fit_power_law)
-from studylib.inference import (compare, describe, equivalence_test, holm,  # noqa: E402
+from studylib.stats.inference import (compare, describe, equivalence_test, holm,  # noqa: E402
                                 runs_needed, statistical_power, target_test, time_ratio)
-from studylib.launch import main  # noqa: E402
-from studylib.load import load_study  # noqa: E402
+from studylib.cli import main  # noqa: E402
+from studylib.tables import load_study  # noqa: E402
 from studylib.report import write_outputs  # noqa: E402
-from studylib.variance import (EnsembleTally, calibration_error,  # noqa: E402
+from studylib.stats.variance import (EnsembleTally, calibration_error,  # noqa: E402
                                distribution_wise_variance, test_set_std)
 
 __all__ = ['main', 'load_study', 'write_outputs', 'compare', 'target_test', 'equivalence_test',

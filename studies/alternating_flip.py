@@ -22,7 +22,7 @@ import numpy as np
 
 from paper import parse, run, shown, write_table
 from studylib import analysis
-from studylib.load import read_study
+from studylib.tables import read_study
 
 CUTOUT = {'no': 0, 'yes': 12}
 METRICS = {'No': 'val_acc', 'Yes': 'accuracy'}  # TTA: the plain accuracy, or the TTA accuracy
@@ -126,7 +126,7 @@ def main(argv):
     lines = [f'{args.script}: mean accuracy in percent', '', *raw_table(runs, args, epochs_list)]
     if {'random', 'alternating'} <= set(args.flips.split(',')) and len(epochs_list) >= 3:
         lines += ['', 'Effective speedup of alternating over random flip (power law fitted to '
-                  "random flip's mean errors; 95% intervals of studylib.fits)", '',
+                  "random flip's mean errors; 95% intervals of studylib.stats.fits)", '',
                   *speedup_table(runs, args, epochs_list)]
     write_table(args, 'Alternating flip against random flip', lines)
 

@@ -1,27 +1,38 @@
-"""studylib: the engine and analyses behind study.py, one module per job.
+"""studylib: the engine and analyses behind study.py, one module per job, in five layers. A module
+imports only from its own layer and the layers below it (tests/engine/test_study_engine.py checks it):
 
-The engine. cli: the command line (configurations, grids, `report`) into Configs. hyp: the flags
-after `--` and each configuration's hyp, every value checked by the scripts' rules. config: what a
-study is, Config and Study, from the command line to study.json and back. scripts: finding and
-loading the scripts as they are, checked for their method (METHOD_API: all the engine uses of
-them). data: the datasets, their tensor cache and fingerprint, the warmup's dummy data. device:
-device and precision, the allocator setting, compiled-graph counts. files: the study directory's
-files (records, failed tries, outputs), which runs are finished, atomic writes. plan: DIR's lock,
-study.json checked and extended, the runs to train. setup: each process's setup and rank 0's
-plan. distribute: the processes' shared key-value store, queue, leases and heartbeats. runs: each
-run's seeds, training one run, its RunRecord and outputs. records: RunRecord and FailedTry, from
-the process that trains a run to its file. collect: rank 0 writing what the processes publish.
-launch: the work loop of a launch, its signals and exit statuses.
-
-The analyses. inference: statistics on plain arrays (a mean and its interval, the test against a
-target with its one-sided bound, comparisons, equivalence within a margin, Holm's adjustment, time
-ratios, runs needed). fits: power-law fits of error
-against epochs, epochs to a target accuracy, effective speedups and their Monte Carlo intervals.
-variance: test-set and distribution-wise standard deviations between runs and the class-aggregated
-calibration error of the ensemble of runs, one run at a time (EnsembleTally). analysis: what a
-study compares and how (configurations, comparisons by design, epoch curves), each analysis alone.
-load: a study as a pandas table, its saved outputs read on lookup, its ensemble tallies. summary:
-summary.json's numbers. looks: the looks at a study's results, and whether its claims are
-confirmatory. markdown: report.md. plots: the plots. report: writing them all, and `study.py
-report`.
+1. The statistics (studylib.stats), on plain arrays; nothing of studylib below them. inference: a
+   mean and its interval, the test against a target with its one-sided bound, comparisons,
+   equivalence within a margin, Holm's adjustment, time ratios, runs needed. fits: power-law fits
+   of error against epochs, epochs to a target accuracy, effective speedups and their Monte Carlo
+   intervals. variance: test-set and distribution-wise standard deviations between runs and the
+   class-aggregated calibration error of the ensemble of runs, one run at a time (EnsembleTally).
+2. The study directory. errors: the errors and their exit statuses. records: RunRecord and
+   FailedTry, from the process that trains a run to its file. files: the directory's files
+   (records, failed tries, outputs), which runs are finished, atomic writes. config: what a study
+   is, Config and Study, from the command line to study.json and back.
+3. The reports. tables: a study as a pandas table, its saved outputs read on lookup, its ensemble
+   tallies. analysis: what a study compares and how (configurations, comparisons by design, epoch
+   curves), each analysis alone. looks: the looks at a study's results, and whether its claims
+   are confirmatory. markdown: report.md. plots: the plots. report: summary.json's numbers, and
+   writing them all.
+4. The engine. hyp: each configuration's hyp, every value checked by its script's own rules.
+   scripts: finding and loading the scripts as they are, checked for their method (METHOD_API:
+   all the engine uses of them). data: the datasets, their tensor cache and fingerprint, the
+   warmup's dummy data. device: device and precision, the allocator setting, torch.compile's
+   graphs and recompile limits, and where runs happen (hosts, device models, versions).
+   distribute: the processes' shared key-value store, queue, leases and heartbeats. runs: each
+   run's seeds, training one run, its RunRecord and outputs. collect: rank 0 writing what the
+   processes publish. plan: each process's setup, DIR's lock, study.json checked and extended,
+   rank 0's checks and the runs to train. launch: the work loop of a launch.
+5. The command line. cli: every flag of study.py (configurations, grids, the flags after `--`,
+   `study.py report`'s) parsed into Configs and namespaces, and main: a launch or a report, what it
+   says and its exit status.
 """
+LAYERS = [
+    ['stats.inference', 'stats.fits', 'stats.variance'],
+    ['errors', 'records', 'files', 'config'],
+    ['tables', 'analysis', 'looks', 'markdown', 'plots', 'report'],
+    ['hyp', 'scripts', 'data', 'device', 'distribute', 'runs', 'collect', 'plan', 'launch'],
+    ['cli'],
+]

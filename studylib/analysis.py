@@ -11,8 +11,9 @@ import math
 import traceback
 
 import numpy as np
+import pandas as pd
 
-from . import fits, inference
+from .stats import fits, inference
 
 EPOCHS_KEY = 'opt.train_epochs'
 POWER = 0.8  # the power at which planning figures are given
@@ -58,6 +59,29 @@ def time_by_device(runs):
     """Timed seconds per device model (describe): a mixed cluster is never averaged."""
     return {model: inference.describe(group['total_time_seconds'])
             for model, group in runs.groupby('device_model', sort=True)} if len(runs) else {}
+
+
+def between_runs(runs):
+    """The engine's time between runs, per launch: for each process (launch, rank), the seconds
+    from one run's finish to the next run's start, and each run's seconds from start to finish;
+    the fraction is their means' ratio. Records without a start (older) are left out."""
+    if not len(runs) or 'started' not in runs:
+        return {}
+    timed = runs.dropna(subset=['started']).assign(
+        started=lambda frame: pd.to_datetime(frame['started']),
+        finished=lambda frame: pd.to_datetime(frame['finished']))
+    found = {}
+    for launch, group in timed.groupby('launch', sort=False):
+        seconds = (group['finished'] - group['started']).dt.total_seconds()
+        gaps = []
+        for _, process in group.sort_values('started').groupby('rank'):
+            gaps += list((process['started'].iloc[1:].to_numpy() -
+                          process['finished'].iloc[:-1].to_numpy()) / np.timedelta64(1, 's'))
+        if gaps:
+            found[launch] = dict(gap_seconds=float(np.mean(gaps)), gaps=len(gaps),
+                                 run_seconds=float(seconds.mean()),
+                                 fraction=float(np.mean(gaps) / seconds.mean()))
+    return found
 
 
 def diverged_accuracies(runs, config):

@@ -1,12 +1,22 @@
-"""study.py's command line: the study's flags, its configurations and grids, and `report`."""
+"""study.py's command line, parsed here alone: the study's flags, its configurations and grids,
+the flags after -- (the data, the device and the hyp of every configuration), `study.py report`'s
+flags; and the command itself (main): a launch or a report, what it says and its exit status."""
 import argparse
+import contextlib
 import itertools
 import os
 import re
+import signal
+import sys
+import threading
 
+from . import report
 from .config import Config
-from .errors import StudyError
-from .hyp import are_flags, parse_flags
+from .data import DATASETS
+from .distribute import StoreLost, World
+from .errors import ReportFailed, RunsFailed, StorageError, Stopped, StudyError
+from .launch import run_study
+from .plan import SharedError
 from .scripts import available_scripts, script_label, script_path
 
 NAME = r'[A-Za-z0-9][A-Za-z0-9_.+-]*'       # a configuration's name, safe as a directory name
@@ -196,3 +206,119 @@ def parse_report_args(argv):
         raise StudyError(f'--time-margin is a ratio above 1 (1.05 for within 5%), not '
                          f'{args.time_margin}')
     return args
+
+
+FOR_STUDY_PY = {'runs': '--runs', 'seed': '--seed', 'log_dir': '--log-dir'}
+
+
+class FlagParser(argparse.ArgumentParser):
+    def error(self, message):
+        raise StudyError(f'the flags after -- are not valid: {message}')
+
+
+def flag_parser():
+    parser = FlagParser(prog='study.py ... --', add_help=False)
+    add = parser.add_argument
+    add('--dataset', default='cifar10', choices=DATASETS,
+        help='folder: any image-folder dataset; the others also from their torchvision layout')
+    add('--data-dir', default='data/DATASET', help='an image folder (train/<class>/*, '
+        "test/<class>/*) or torchvision's layout (downloaded when absent); cached as tensors")
+    add('--train-splits', default='train', help='image-folder splits to train on, e.g. train,valid')
+    add('--device', default='auto', help='auto (CUDA if present), cpu, cuda, cuda:1, ...')
+    add('--precision', default='auto', choices=['auto', 'fp16', 'bf16', 'fp32'])
+    add('--epochs', type=float, help='the same as --hyp opt.train_epochs=EPOCHS, applied first')
+    add('--hyp', action='append', default=[], metavar='KEY=VALUE')
+    add('--epoch-eval', action=argparse.BooleanOptionalAction, default=True, help='untimed')
+    add('--warmup', action=argparse.BooleanOptionalAction, default=True, help='untimed, dummy data')
+    add('--deterministic', action='store_true', help='CUDA: a seed repeats a run bitwise (slower)')
+    for flag in FOR_STUDY_PY.values():
+        add(flag, help=argparse.SUPPRESS)
+    return parser
+
+
+def parse_flags(flags):
+    """The flags after --, refused when they are study.py's own or not valid."""
+    args = flag_parser().parse_args(flags)
+    for key, flag in FOR_STUDY_PY.items():
+        if getattr(args, key) is not None:
+            raise StudyError(f'{flag} after -- is for the script alone; study.py has its own '
+                             f'(--runs, --seed before --) and writes to --study-dir')
+    if args.dataset == 'folder' and args.data_dir == 'data/DATASET':
+        raise StudyError('--dataset folder needs --data-dir DIR (a directory with train/ and '
+                         'test/)')
+    if args.data_dir == 'data/DATASET':
+        args.data_dir = f'data/{args.dataset}'
+    return args
+
+
+def are_flags(flags):
+    """Whether flags are all flags of the part after -- (study.py's own, as --seed, are not)."""
+    with contextlib.suppress(StudyError):
+        args = flag_parser().parse_args(flags)
+        return all(getattr(args, key) is None for key in FOR_STUDY_PY)
+    return False
+
+
+def report_main(argv):
+    """study.py report DIR: 0 with the report written (a warning line for each damaged file it
+    does not count), 1 for a command or directory refused, 3 where no report could be written."""
+    try:
+        args = parse_report_args(argv)
+        summary = report.write_outputs(args.study_dir, target=args.target, resolve=args.resolve,
+                                require_speedup=args.speedup, require_variance=args.variance,
+                                margin=args.margin, time_margin=args.time_margin)
+    except StorageError as error:
+        print(f'error: {error}', file=sys.stderr, flush=True)
+        return ReportFailed.exit_status
+    except StudyError as error:
+        print(f'error: {error}', file=sys.stderr, flush=True)
+        return StudyError.exit_status
+    except Exception as error:  # noqa: BLE001: an analysis or a write that fails says so
+        print(f'error: {report.report_failure(args.study_dir, error)}', file=sys.stderr, flush=True)
+        return ReportFailed.exit_status
+    for line in summary['damaged']:
+        print(f'warning: damaged, not counted: {line}', file=sys.stderr, flush=True)
+    print(f'rebuilt {args.study_dir}: summary.json, report.md, runs.csv and the plots')
+    return 0
+
+
+def raise_stopped(signal_number, frame):
+    raise Stopped()
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ['report']:
+        return report_main(argv[1:])
+    world = None
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    if in_main_thread:  # torchrun stops the other processes with SIGTERM when one fails
+        previous_handler = signal.signal(signal.SIGTERM, raise_stopped)
+    try:
+        args = parse_args(argv)
+        world = World()
+        run_study(args, world, ['study.py', *argv])
+    except (StudyError, StoreLost) as error:
+        # an error every process meets (bad input, the plan's) is said once: before the processes
+        # agree by each machine's first process, after by rank 0; a process's own by itself
+        speaks = os.environ.get('LOCAL_RANK', '0') == '0' if world is None else \
+            world.rank == 0 or not isinstance(error, SharedError)
+        if speaks:
+            where = '' if world is None or world.size == 1 or isinstance(error, SharedError) \
+                else f'rank {world.rank}: '
+            print(f'error: {where}{error}', file=sys.stderr, flush=True)
+        return getattr(error, 'exit_status', RunsFailed.exit_status)  # StoreLost: retry
+    except (KeyboardInterrupt, Stopped) as stop:
+        collector = None if world is None else world.collector
+        if collector is not None:
+            print(f'\nStopped: {collector.finished()} of {collector.total} finished runs are in '
+                  f'{args.study_dir}; the same command continues the study.', file=sys.stderr,
+                  flush=True)
+        elif world is not None and world.rank == 0:
+            print('\nStopped before training; the same command starts or continues the study.',
+                  file=sys.stderr, flush=True)
+        return 130 if isinstance(stop, KeyboardInterrupt) else 143
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous_handler)
+    return 0

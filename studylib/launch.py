@@ -1,4 +1,4 @@
-"""One launch of a study, once set up (studylib.setup): all processes train from the shared queue,
+"""One launch of a study, once planned (studylib.plan): all processes train from the shared queue,
 rank 0 writes the records and, at the end, the summary and report; signals and exit statuses."""
 import datetime
 import os
@@ -11,14 +11,13 @@ import time
 import torch
 
 from . import report
-from .cli import parse_args
 from .collect import Collector
 from .device import prepare_device, recompile_limits
 from .distribute import MAX_ATTEMPTS, Heartbeat, Liveness, Queue, StoreLost, World
 from .errors import ReportFailed, RunsFailed, Stopped, StudyError
 from .records import FailedTry, Message
 from .runs import Runner
-from .setup import SharedError, first_plan, join_plan
+from .plan import SharedError, first_plan, join_plan
 
 POLL_SECONDS = 0.5  # how often a process without a run looks for one, or for the end
 
@@ -193,45 +192,3 @@ def close_launch(args, collector, lock):
         finally:
             lock.close()
     return report_error
-
-
-def raise_stopped(signal_number, frame):
-    raise Stopped()
-
-
-def main(argv=None):
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ['report']:
-        return report.main(argv[1:])
-    world = None
-    in_main_thread = threading.current_thread() is threading.main_thread()
-    if in_main_thread:  # torchrun stops the other processes with SIGTERM when one fails
-        previous_handler = signal.signal(signal.SIGTERM, raise_stopped)
-    try:
-        args = parse_args(argv)
-        world = World()
-        run_study(args, world, ['study.py', *argv])
-    except (StudyError, StoreLost) as error:
-        # an error every process meets (bad input, the plan's) is said once: before the processes
-        # agree by each machine's first process, after by rank 0; a process's own by itself
-        speaks = os.environ.get('LOCAL_RANK', '0') == '0' if world is None else \
-            world.rank == 0 or not isinstance(error, SharedError)
-        if speaks:
-            where = '' if world is None or world.size == 1 or isinstance(error, SharedError) \
-                else f'rank {world.rank}: '
-            print(f'error: {where}{error}', file=sys.stderr, flush=True)
-        return getattr(error, 'exit_status', RunsFailed.exit_status)  # StoreLost: retry
-    except (KeyboardInterrupt, Stopped) as stop:
-        collector = None if world is None else world.collector
-        if collector is not None:
-            print(f'\nStopped: {collector.finished()} of {collector.total} finished runs are in '
-                  f'{args.study_dir}; the same command continues the study.', file=sys.stderr,
-                  flush=True)
-        elif world is not None and world.rank == 0:
-            print('\nStopped before training; the same command starts or continues the study.',
-                  file=sys.stderr, flush=True)
-        return 130 if isinstance(stop, KeyboardInterrupt) else 143
-    finally:
-        if in_main_thread:
-            signal.signal(signal.SIGTERM, previous_handler)
-    return 0

@@ -11,14 +11,14 @@ run to its end, or a sequential design whose looks spend alpha by a bound set be
 
 The record: every report appends a look to DIR/analysis/looks.json (when, the target it tested,
 the runs planned and finished, the configurations). study.json's launches (each with its start and
-command) and the records' finish times tell the rest, for reports written before looks.json
-existed.
+what it asked for: runs, configurations, grids, target) and the records' finish times tell the
+rest, for reports written before looks.json existed.
 """
+import argparse
 import datetime
 import json
 import os
 
-from .cli import study_parser
 from .errors import StudyError
 from .files import atomic_write, read_json
 
@@ -58,17 +58,35 @@ def now():
     return datetime.datetime.now(datetime.timezone.utc).isoformat()
 
 
-def launch_plan(launch):
-    """(runs, configurations, grids, target) a launch's command asked for, or None where its
-    command cannot be read."""
-    command = list(launch.get('command') or [])[1:]
-    command = command[:command.index('--')] if '--' in command else command
-    try:
-        args, _ = study_parser('').parse_known_args(command)
-    except (StudyError, SystemExit):
+def launch_request(launch):
+    """(runs, configurations, grids, target) that a launch asked for, as it recorded them (or, for
+    a launch recorded before launches kept their request, as its command gave them); None where
+    neither can be read."""
+    request = launch.get('request') or request_of_command(launch.get('command') or [])
+    if request is None:
         return None
-    return (args.runs, frozenset(tuple(config) for config in args.config),
-            frozenset(args.grid), args.target)
+    return (request['runs'], frozenset(tuple(config) for config in request['configs']),
+            frozenset(request['grids']), request['target'])
+
+
+def request_of_command(command):
+    """What a command recorded by a study.py of before launches kept their request asked for: its
+    --runs, --config, --grid and --target (a reader of those frozen records); None without
+    --runs."""
+    words = list(command)[1:]
+    words = words[:words.index('--')] if '--' in words else words
+    parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    parser.add_argument('--runs', type=int)
+    parser.add_argument('--config', nargs='+', action='append', default=[])
+    parser.add_argument('--grid', action='append', default=[])
+    parser.add_argument('--target', type=float)
+    try:
+        args, _ = parser.parse_known_args(words)
+    except (argparse.ArgumentError, SystemExit):
+        return None
+    if args.runs is None:
+        return None
+    return dict(runs=args.runs, configs=args.config, grids=args.grid, target=args.target)
 
 
 def finished_before(runs, moment):
@@ -85,13 +103,13 @@ def launch_reasons(launches, runs):
     after the report the launch before it wrote at its end."""
     reasons, previous = [], None
     for launch in launches:
-        plan = launch_plan(launch)
-        if plan is None:
+        request = launch_request(launch)
+        if request is None:
             continue
         seen = finished_before(runs, launch['started'])
         if previous is not None and seen:
             runs_then, configs_then, grids_then, target_then = previous
-            runs_now, configs_now, grids_now, target_now = plan
+            runs_now, configs_now, grids_now, target_now = request
             if target_now is not None and target_now != target_then:
                 reasons.append(f"the target was set to {target_now} by the launch of "
                                f"{launch['started']}, after {seen} runs were finished "
@@ -101,7 +119,8 @@ def launch_reasons(launches, runs):
                 reasons.append(f"the launch of {launch['started']} extended the study (--runs "
                                f'{runs_then} -> {runs_now}, or new configurations or grid '
                                f'values) after {seen} runs had been reported')
-        previous = plan if previous is None or plan[3] is not None else plan[:3] + previous[3:]
+        previous = request if previous is None or request[3] is not None else \
+            request[:3] + previous[3:]
     return reasons
 
 

@@ -343,5 +343,9 @@ def report_lines(summary):
     for launch in summary['launches']:
         environment = ', '.join(f'{k} {v}' for k, v in launch['environment'].items()
                                 if v not in (None, 0, {}))
-        lines.append(f"- {launch['started']} ({launch['id']}): {environment}")
+        between = launch.get('between_runs') or {}
+        engine = (f"; between runs {between['gap_seconds']:.3f} s on average, "
+                  f"{100 * between['fraction']:.2f}% of a run's {between['run_seconds']:.3g} s "
+                  f"({between['gaps']} gaps)") if 'fraction' in between else ''
+        lines.append(f"- {launch['started']} ({launch['id']}): {environment}{engine}")
     return lines + ['', '![accuracy](accuracy.png) ![time](time.png)']

@@ -1,13 +1,25 @@
-"""A study's directory and its lock, the study.json of a launch (the study, checked against DIR's
-and extended), and the plan of a launch: the runs still to train, once the damaged files are set
-aside."""
+"""What a launch trains, and how its processes agree on it: each process loads the scripts,
+resolves the configurations' hyp and takes its device and data; rank 0 checks every process's
+report, DIR and its lock, study.json (the study, checked against DIR's and extended, with what this
+launch asked for), writes the side files of DIR and makes the plan that all follow, the runs still
+to train once the damaged files are set aside (or the error that stops them all)."""
+import argparse
+import datetime
 import fcntl
 import json
 import os
+import socket
+import uuid
 
+from . import distribute
 from .config import Study
+from .data import data_fingerprint, load_study_data
+from .device import local_environment, resolve_device_precision, world_environment
 from .errors import StudyError
-from .files import Damaged, scan_runs, set_aside
+from .files import Damaged, atomic_write, scan_runs, set_aside
+from .hyp import config_hyp
+from .runs import validation_indices
+from .scripts import open_script
 
 
 def differences(there, here, key=''):
@@ -110,3 +122,159 @@ def make_plan(study_dir, study, configs, runs, launch):
     total = len(configs) * runs
     return dict(launch=launch['id'], jobs=jobs, total=total, finished=total - len(jobs),
                 environment=launch['environment'], notes=notes)
+
+
+class SharedError(StudyError):
+    """An error every process of the launch meets (the plan's): rank 0 says it, and every process
+    exits with the status of the error rank 0 met."""
+
+    def __init__(self, message, exit_status):
+        super().__init__(message)
+        self.exit_status = exit_status
+
+
+def setup_configs(args):
+    """The study's scripts ({label: Script}, each loaded once) and its configurations resolved
+    ({name: Config} with the script's SHA-256 and the resolved hyp)."""
+    scripts, configs = {}, {}
+    for name, config in args.configs.items():
+        if config.script not in scripts:
+            scripts[config.script] = open_script(config.script)
+        script = scripts[config.script]
+        try:
+            hyp = config_hyp(script.module.hyp, script.module.HYP_CHOICES,
+                             script.module.HYP_RANGES, args.flags, config.overrides)
+        except StudyError as error:
+            raise StudyError(f'--config {name}: {error}' if args.config else str(error)) from None
+        configs[name] = config.resolved(script.sha256, hyp)
+    return scripts, configs
+
+
+def setup_process(args, world):
+    """This process's scripts, configurations, device, precision and data, and what it tells rank
+    0: its environment and data fingerprint (or the error that stops the study)."""
+    scripts, configs = setup_configs(args)
+    flags = args.flags
+    device, precision = resolve_device_precision(flags.device, flags.precision, world.local_rank)
+    data = load_study_data(flags.dataset, flags.data_dir, flags.train_splits.split(','),
+                           log=print if world.local_rank == 0 else lambda *_: None)
+    if args.val_split >= len(data['train']['labels']):
+        raise StudyError(f"--val-split {args.val_split} leaves none of the "
+                         f"{len(data['train']['labels'])} training images to train on")
+    info = dict(local_environment(device, precision), data=data_fingerprint(data))
+    return argparse.Namespace(flags=flags, scripts=scripts, configs=configs, device=device,
+                              precision=precision, data=data, info=info)
+
+
+def study_of(args, process):
+    """What this command's study is: its settings and its configurations (each its script's
+    SHA-256 and resolved hyp), to compare with DIR's (a command that differs is refused)."""
+    data = process.data
+    settings = dict(seed=args.seed, vary=args.vary, train_subset=args.train_subset,
+                    val_split=args.val_split, save_logits=args.save_logits,
+                    precision=process.precision, data=dict(
+                        dataset=process.flags.dataset, train_splits=process.flags.train_splits,
+                        sha256=process.info['data'], num_train=len(data['train']['labels']),
+                        num_test=len(data['test']['labels']), classes=list(data['classes'])))
+    return Study(settings=settings, configs=process.configs, runs=args.runs, target=args.target)
+
+
+def check_world(infos):
+    """Refuse a process's error, or processes that disagree on the data."""
+    for rank, info in enumerate(infos):
+        if 'error' in info:
+            where = '' if rank == 0 else f" (rank {rank}, {info['host']})"
+            raise StudyError(info['error'] + where)
+    fingerprints = [info['data'] for info in infos]
+    if len(set(fingerprints)) > 1:
+        other = next(rank for rank, value in enumerate(fingerprints) if value != fingerprints[0])
+        raise StudyError(f"the processes see different data: rank 0 ({infos[0]['host']}) and rank "
+                         f"{other} ({infos[other]['host']}) differ; give every machine the same "
+                         'dataset in --data-dir')
+
+
+def check_outputs_travel(args, data):
+    """Refuse, before any training, outputs too large for the store to carry (in chunks)."""
+    num_test, num_classes = len(data['test']['labels']), len(data['classes'])
+    size = (2 * num_test * num_classes * 2 if args.save_logits else 0) + \
+        (len(data['train']['labels']) if args.train_subset is not None else 0)
+    if size > distribute.MAX_OUTPUT_BYTES:
+        raise StudyError(f'the outputs of a run would be {size / 2**20:.0f} MiB (fp16 logits of '
+                         f'{num_test} test images x {num_classes} classes, twice, and the subset '
+                         f'mask), more than the {distribute.MAX_OUTPUT_BYTES / 2**20:.0f} MiB '
+                         'a run may send to rank 0; drop --save-logits or use fewer test images')
+
+
+def plan_launch(args, process, infos, command):
+    """Rank 0: check the world and DIR, record the launch in study.json, and list the runs to train.
+    Returns the lock on DIR and the plan."""
+    check_world(infos)
+    check_outputs_travel(args, process.data)
+    request = dict(runs=args.runs, configs=args.config, grids=args.grid, target=args.target)
+    launch = dict(id=uuid.uuid4().hex[:12], command=command, request=request,
+                  environment=world_environment(infos),
+                  started=datetime.datetime.now(datetime.timezone.utc).isoformat())
+    lock, study, notes = open_study(args.study_dir, study_of(args, process), command, launch)
+    try:
+        runner_files(args, process)
+        plan = make_plan(args.study_dir, study, list(process.configs), args.runs, launch)
+        plan.update(data=process.info['data'], notes=notes + plan['notes'])
+    except BaseException:
+        lock.close()
+        raise
+    return lock, plan
+
+
+def runner_files(args, process):
+    """The files a study's analyses need beside its records: the held-out split of --val-split and
+    the test labels that saved logits are scored against."""
+    if args.val_split:
+        held_out = validation_indices(len(process.data['train']['labels']), args.val_split,
+                                      args.seed)
+        atomic_write(os.path.join(args.study_dir, 'validation.json'),
+                     json.dumps({'seed': args.seed, 'indices': held_out.tolist()}))
+    if args.save_logits:
+        atomic_write(os.path.join(args.study_dir, 'test_labels.json'),
+                     json.dumps(process.data['test']['labels'].tolist()))
+
+
+def first_plan(args, world, command):
+    """The launch's start: every process sets up and tells rank 0 its environment and data
+    fingerprint (or its error); rank 0 checks them and DIR and publishes the plan (or the error that
+    stops every process)."""
+    process = None
+    try:
+        if world.local_rank != 0:  # one process per machine first: a download, the tensor cache
+            world.store.wait_for(f'set_up/{world.node}')
+        process = setup_process(args, world)
+        info = process.info
+    except StudyError as error:
+        info = dict(host=socket.gethostname(), error=str(error))
+    finally:
+        if world.local_rank == 0:
+            world.store.set(f'set_up/{world.node}', '1')
+    world.publish(f'info/{world.rank}', info)
+    lock = None
+    if world.rank == 0:
+        try:
+            lock, plan = plan_launch(args, process, world.read_all('info'), command)
+        except StudyError as error:
+            plan = {'error': str(error), 'exit_status': error.exit_status}
+        world.publish('plan', plan)
+    plan = world.read('plan')
+    if 'error' in plan:
+        raise SharedError(plan['error'], plan['exit_status'])
+    return process, plan, lock
+
+
+def join_plan(args, world):
+    """A process that joins a running launch (a torchrun restart, of any rank): its own setup,
+    checked against the plan's data; rank 0 takes DIR's lock again."""
+    plan = world.read('plan')
+    if 'error' in plan:
+        raise SharedError(plan['error'], plan['exit_status'])
+    process = setup_process(args, world)
+    if process.info['data'] != plan['data']:
+        raise StudyError(f'rank {world.rank} ({socket.gethostname()}) sees other data than the '
+                         'launch it joins; give every machine the same dataset in --data-dir')
+    return process, plan, lock_study_dir(args.study_dir) if world.rank == 0 else None

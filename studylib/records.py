@@ -37,6 +37,8 @@ class RunRecord:
     finished: str
     subset_seed: int | None = None       # with --train-subset
     forward_variants_not_warmed_up: list | None = None  # a config's first run: [] if all warmed
+    started: str | None = None           # when its process began it: the gap since its previous
+    #                                      record is the engine's time between runs
     earlier_failures: int | None = None  # tries of earlier launches that failed
 
     failed = False

@@ -1,18 +1,18 @@
-"""A study's outputs, rebuilt from its records: summary.json (studylib.summary's numbers),
-report.md (studylib.markdown), runs.csv and the plots (studylib.plots). An analysis that cannot be
-made says why in its place; only a study directory that cannot be read stops the report."""
+"""A study's outputs, rebuilt from its records: summary.json (its numbers: the configurations,
+comparisons, speedups and variance, computed from the records and the saved logits, streamed,
+each analysis alone), report.md (studylib.markdown), runs.csv and the plots (studylib.plots). An
+analysis that cannot be made says why in its place; only a study directory that cannot be read
+stops the report."""
 import json
 import math
 import os
-import sys
 
-from .cli import parse_report_args
-from .errors import ReportFailed, StorageError, StudyError
+from . import analysis, looks
+from .errors import StudyError
 from .files import atomic_write
-from .looks import record_look
 from .markdown import report_lines
 from .plots import plot
-from .summary import summarize
+from .tables import ensemble_tallies, failed_runs, load_study, read_study, test_labels
 
 
 def json_safe(value):
@@ -34,7 +34,7 @@ def write_outputs(study_dir, target=None, resolve=None, require_speedup=False,
     (after writing everything else)."""
     summary, runs = summarize(study_dir, target, resolve, margin, time_margin)
     summary = json_safe(summary)
-    record_look(study_dir, summary, target)
+    looks.record_look(study_dir, summary, target)
     atomic_write(os.path.join(study_dir, 'summary.json'), json.dumps(summary, indent=2))
     atomic_write(os.path.join(study_dir, 'runs.csv'), runs.to_csv(index=False))
     try:
@@ -68,24 +68,49 @@ def report_failure(study_dir, error):
             f'the runs are kept: rebuild it with python study.py report {study_dir}')
 
 
-def main(argv):
-    """study.py report DIR: 0 with the report written (a warning line for each damaged file it
-    does not count), 1 for a command or directory refused, 3 where no report could be written."""
-    try:
-        args = parse_report_args(argv)
-        summary = write_outputs(args.study_dir, target=args.target, resolve=args.resolve,
-                                require_speedup=args.speedup, require_variance=args.variance,
-                                margin=args.margin, time_margin=args.time_margin)
-    except StorageError as error:
-        print(f'error: {error}', file=sys.stderr, flush=True)
-        return ReportFailed.exit_status
-    except StudyError as error:
-        print(f'error: {error}', file=sys.stderr, flush=True)
-        return StudyError.exit_status
-    except Exception as error:  # noqa: BLE001: an analysis or a write that fails says so
-        print(f'error: {report_failure(args.study_dir, error)}', file=sys.stderr, flush=True)
-        return ReportFailed.exit_status
-    for line in summary['damaged']:
-        print(f'warning: damaged, not counted: {line}', file=sys.stderr, flush=True)
-    print(f'rebuilt {args.study_dir}: summary.json, report.md, runs.csv and the plots')
-    return 0
+def summarize(study_dir, target=None, resolve=None, margin=None, time_margin=None):
+    """summary.json's content and the table of runs it was computed from. target: the accuracy
+    target (default: the study's); resolve: a difference in points of accuracy, fixed in advance,
+    for which every comparison gets the runs needed to detect it; margin (points of accuracy) and
+    time_margin (a ratio of times): the equivalence margins of the comparisons."""
+    study = read_study(study_dir)
+    given, target = target, target if target is not None else study.target
+    settings = study.settings
+    runs, _ = load_study(study_dir, outputs=False)
+    failed = failed_runs(study_dir, study)
+    configs = study.configs
+    expected = len(configs) * study.runs
+    overhead = analysis.section(analysis.between_runs, runs)
+    summary = dict(
+        status='complete' if len(runs) == expected else 'partial', runs_requested=study.runs,
+        runs_finished=len(runs), runs_failed=sum(map(len, failed.values())),
+        runs_diverged=int(runs['diverged'].fillna(False).astype(bool).sum())
+        if 'diverged' in runs else 0,
+        damaged=runs.attrs.get('damaged', []),
+        seed=settings['seed'], vary=settings['vary'], target=target,
+        accuracy_on='validation' if settings['val_split'] else 'test',
+        configs=analysis.config_summaries(runs, configs, failed),
+        target_claims=analysis.section(analysis.target_claims, runs, configs, target),
+        comparisons=analysis.section(analysis.comparisons, runs, configs, resolve, margin,
+                                     time_margin),
+        speedup=analysis.section(analysis.speedup_analysis, runs, configs, target),
+        variance=analysis.section(variance_analysis, study_dir, runs, settings),
+        launches=[dict(id=launch['id'], started=launch['started'],
+                       environment=launch['environment'],
+                       between_runs=overhead.get(launch['id']))
+                  for launch in study.launches])
+    summary['looks'] = analysis.section(looks.looks_analysis, study, runs, summary, given,
+                                        looks.read_looks(study_dir))
+    return summary, runs
+
+
+def variance_analysis(study_dir, runs, settings):
+    """Per configuration with 2 or more runs of saved logits, with TTA and without, the variance
+    table's entry (EnsembleTally.summary), or {'reason': ...}."""
+    labels = test_labels(study_dir)
+    if not settings.get('save_logits') or labels is None:
+        return {'reason': 'the study needs saved logits (--save-logits, from its first launch)'}
+    tallies = ensemble_tallies(study_dir, runs, labels, len(settings['data']['classes']))
+    found = {config: {name: analysis.section(tally.summary) for name, tally in pair.items()}
+             for config, pair in tallies.items() if pair['tta'].runs >= 2}
+    return found or {'reason': 'no configuration has 2 or more finished runs with saved logits'}

@@ -14,8 +14,7 @@ import socket
 import torch
 
 from .data import dummy_dataset
-from .device import compiled_graph_count
-from .environment import device_model
+from .device import compiled_graph_count, device_model
 from .errors import RunsFailed
 from .records import RunRecord
 
@@ -278,6 +277,7 @@ class Runner:
                 raise RecompileLimitHit(reason)
 
     def train_run(self, config, run):
+        started = datetime.datetime.now(datetime.timezone.utc).isoformat()
         args, script, hyp = self.args, self.script(config), self.configs[config].hyp
         seeds = run_seeds(self.source_seeds, args.seed, run, args.vary)
         data, mask, subset_seed = self.run_data(run)
@@ -306,7 +306,7 @@ class Runner:
             diverged=not all(map(math.isfinite, losses)), train_images=len(data['train']['labels']),
             rank=self.world.rank, host=socket.gethostname(), device=str(self.device),
             device_model=self.device_model, torch=torch.__version__, launch=self.launch,
-            finished=datetime.datetime.now(datetime.timezone.utc).isoformat())
+            started=started, finished=datetime.datetime.now(datetime.timezone.utc).isoformat())
         buffer = io.BytesIO()
         if outputs:
             torch.save(outputs, buffer)

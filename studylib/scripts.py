@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from .errors import StudyError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-METHOD_API = ('hyp', 'train', 'build_net', 'infer', 'CifarLoader', 'source_seeds')  # all it takes
+METHOD_API = ('hyp', 'HYP_CHOICES', 'HYP_RANGES', 'train', 'build_net', 'infer', 'CifarLoader',
+              'source_seeds')  # all it takes
 
 
 @dataclass

@@ -109,7 +109,7 @@ def newton_schulz_by_svd(coefficients, matrix, steps):
 # The paper's four scripts share the optimizer (SGD with Lookahead); airbench94_muon replaces it
 PAPER_SCRIPTS = ['airbench94', 'airbench94_compiled', 'airbench95', 'airbench96']
 SCRIPTS = [*PAPER_SCRIPTS, 'airbench94_muon', 'airbench94_hiverge']
-# airbench96_faster is not among them: tests/test_faster.py runs the per-script checks on it (at
+# airbench96_faster is not among them: tests/scripts/test_faster.py runs the per-script checks on it (at
 # small widths where they train, as its full-width end-to-end run alone would take a minute here)
 ALL_SCRIPTS = [*SCRIPTS, 'airbench96_faster']
 CPU = torch.device('cpu')

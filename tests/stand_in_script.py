@@ -9,6 +9,7 @@ Only the method: study.py takes the rest (data, flags) from the repository's sha
 for any copy that defines its method alone.
 """
 import math
+from math import inf
 
 import torch
 from torch import nn
@@ -20,6 +21,18 @@ hyp = {
     'curve': {'a': -1.0, 'b': 0.2, 'c': 0.04, 'noise': 0.0015,  # error = c + b * epochs^a
               'diverges': False},  # True: every run's loss is not finite (a diverged run), and
     #                      it ends at chance accuracy, as a network whose weights are not finite
+}
+
+# The values hyp takes: each switch's choices, each number's inclusive range (widths and a
+# tuple: each element's); a number in neither keeps the sign of hyp's. The command line and
+# study.py refuse any other value before training.
+HYP_CHOICES = {
+    'aug.flip': ('alternating', 'random', 'none'),
+    'net.tta_level': (0, 1, 2),
+}
+HYP_RANGES = {
+    'opt.train_epochs': (0.001, inf),
+    'opt.batch_size': (1, inf),
 }
 EVAL_BATCH_SIZE = 2000
 A100_SECONDS_PER_EPOCH = 3.83 / 9.9

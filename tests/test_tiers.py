@@ -4,6 +4,7 @@ calls, directly or through the helpers and fixtures of tests/ (read from their s
 source does not show (a process started by a library, as inductor's compiler, or through an alias)
 conftest.py's audit hook sees as it runs: quick_tests_start_no_process."""
 import ast
+import glob
 import os
 import textwrap
 
@@ -91,8 +92,9 @@ def unmarked_heavy_tests(sources):
 
 
 def suite_sources():
-    return {name[:-3]: open(os.path.join(TESTS, name)).read()
-            for name in sorted(os.listdir(TESTS)) if name.endswith('.py')}
+    """{module name: source} of every test file and helper of tests/, in its folders too."""
+    paths = sorted(glob.glob(os.path.join(TESTS, '**', '*.py'), recursive=True))
+    return {os.path.basename(path)[:-3]: open(path).read() for path in paths}
 
 
 def test_every_test_that_starts_processes_or_reads_the_real_data_is_marked_slow():

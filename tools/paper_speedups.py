@@ -16,7 +16,7 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from studylib.fits import effective_speedup, epochs_to_accuracy, fit_power_law  # noqa: E402
+from studylib.stats.fits import effective_speedup, epochs_to_accuracy, fit_power_law  # noqa: E402
 
 EPOCHS = (10, 20, 40, 80)
 # tab:altflip_cifar10: mean test accuracy in percent over n=400 runs, per (Cutout, TTA) and epoch

@@ -40,10 +40,11 @@ schedule (or --epochs) and 10,000 test images; the counts do not depend on batch
 (docs/cpu.md). Each script is counted in a process of its own.
 
 Usage: python tools/profile_run.py trace SCRIPT [--data-dir DIR] [--out DIR] [--chrome-trace]
-                                             [--peak-tflops T] [--seed 0]
+                                             [--peak-tflops T] [--seed 0] [--device cpu]
        python tools/profile_run.py count SCRIPT [SCRIPT ...] [--batch-size 8] [--widths 2,8,8]
-                                             [--epochs E] [--out DIR]
+                                             [--as-published] [--epochs E] [--out DIR]
 e.g.   python tools/profile_run.py count airbench94_hiverge REF/hiverge_cifar10_speedrun.py
+(docs/gpu.md, "Profiling one run"; docs/cpu.md, "What the host dispatches per step").
 """
 import argparse
 import bisect
@@ -611,8 +612,8 @@ def ours_hyp(module, options):
 
 
 def queued_clock(module, recorder):
-    """LOCAL PATCH (issue 42): module.DeviceClock as it runs on CUDA, on the host's clock: one
-    window from its first mark to the host's first wait (an event's synchronize())."""
+    """module.DeviceClock as it runs on CUDA, on the host's clock: its first mark opens the
+    recorder's window, the host's first wait on an event (its synchronize()) closes it."""
     class Event:
         def __init__(self):
             self.time = time.perf_counter()
@@ -651,7 +652,7 @@ def run_ours(name, options, device, precision, recorder, activities, force_compi
         net = module.build_net(hyp['net'], len(data['classes']), device, precision)
         torch.backends.cudnn.benchmark = True
         module.warm_up(data, hyp, device, precision, options.seed, net, full=True)
-        if hasattr(module, 'DeviceClock'):  # LOCAL PATCH (issue 42): timed as on CUDA
+        if hasattr(module, 'DeviceClock'):  # one window on the device's clock, as on CUDA
             set_attribute(stack, module, 'DeviceClock', queued_clock(module, recorder))
         else:
             set_attribute(stack, module, 'time', recorder.clock())
@@ -755,18 +756,21 @@ def final_entry_kept(print_details, measured):
 
 
 def run_published(path, options, recorder, activities, mode):
-    """The published script's main block with one timed run, in a working directory of its own:
-    (its steps, its timed seconds, the profile of its timed main() call)."""
+    """The published script's main block with one timed run, in a temporary working directory of
+    its own (its data, its logs): (its steps, its timed seconds, the profile of its timed main()
+    call)."""
     with open(path) as f:
         source, real_batch = shrunk_source(f.read(), path, options)
     definitions, block, has_warmup, calls_warmup = reference.split_script(source, path)
-    workdir = tempfile.mkdtemp(prefix='profile_run-')
-    write_published_data(workdir, run_data(options, train_images(real_batch, options.batch_size)))
     redirect_published(mode, recorder)
     sys.argv, namespace = [path], {'__name__': '__main__', '__file__': path, '__runs__': 1}
-    os.chdir(workdir)
     measured = {}
     with contextlib.ExitStack() as stack:
+        workdir = stack.enter_context(tempfile.TemporaryDirectory(prefix='profile_run-'))
+        write_published_data(workdir, run_data(options, train_images(real_batch,
+                                                                    options.batch_size)))
+        stack.callback(os.chdir, os.getcwd())
+        os.chdir(workdir)
         if mode == 'count':
             stack.enter_context(as_on_cuda(recorder))
         exec(compile(definitions, path, 'exec'), namespace)
@@ -980,7 +984,8 @@ def positive(kind):
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=' '.join(__doc__.split('\n\n')[0].split()))
     commands = parser.add_subparsers(dest='command', required=True)
-    trace = commands.add_parser('trace', help='on CUDA: trace one timed run')
+    trace = commands.add_parser('trace', help='on CUDA: trace one timed run',
+                                description='On CUDA: trace one timed run (see the docstring).')
     trace.add_argument('script', help="one of ours by name, or a published script's path")
     trace.add_argument('--device', default='cuda', help='cuda (default), or cpu to check the tool')
     trace.add_argument('--data-dir', help='CIFAR-10 as our scripts take it (default: random '
@@ -988,20 +993,28 @@ def parse_args(argv):
     trace.add_argument('--peak-tflops', type=positive(float), help="the GPU's dense fp16 peak "
                        '(default: from PEAK_TFLOPS by its name)')
     trace.add_argument('--chrome-trace', action='store_true', help='also write --out/trace.json')
-    trace.add_argument('--batch-size', type=positive(int), help='instead of the script\'s')
-    trace.add_argument('--widths', type=widths, help="instead of the script's, e.g. 2,8,8")
-    count = commands.add_parser('count', help='on a CPU: count what the host dispatches per step')
+    trace.add_argument('--batch-size', type=positive(int), help="instead of the script's (a "
+                       'check on a CPU); the training images give its steps per epoch')
+    trace.add_argument('--widths', type=widths, help="the blocks' widths instead of the "
+                       "script's, e.g. 2,8,8")
+    count = commands.add_parser('count', help='on a CPU: count what the host dispatches per step',
+                                description='On a CPU: count, per training step, what the host '
+                                'dispatches as the script runs on CUDA (see the docstring).')
     count.add_argument('scripts', nargs='+', help="ours by name, or published scripts' paths")
-    count.add_argument('--batch-size', type=positive(int), default=8)
-    count.add_argument('--widths', type=widths, default=[2, 8, 8])
+    count.add_argument('--batch-size', type=positive(int), default=8, help="instead of the "
+                       "script's; the training images give its steps per epoch (default 8)")
+    count.add_argument('--widths', type=widths, default=[2, 8, 8], help="the blocks' widths "
+                       "instead of the script's (default 2,8,8)")
     count.add_argument('--as-published', action='store_true',
                        help="the script's own batch size and widths (slow on a CPU)")
     count.add_argument('--in-process', action='store_true', help=argparse.SUPPRESS)
     for command in (trace, count):
         command.add_argument('--epochs', type=positive(float), help="the script's schedule "
                              'fitted to E epochs (default: its own)')
-        command.add_argument('--test-images', type=positive(int), default=CIFAR_TEST)
-        command.add_argument('--seed', type=int, default=0)
+        command.add_argument('--test-images', type=positive(int), default=CIFAR_TEST,
+                             help=f'test images (default {CIFAR_TEST}, as CIFAR-10)')
+        command.add_argument('--seed', type=int, default=0, help="ours' seed and the random "
+                             "images' (default 0)")
         command.add_argument('--out', help='a directory for the raw tables (CSV, JSON)')
     options = parser.parse_args(argv)
     options.out = options.out and os.path.abspath(options.out)  # published scripts run elsewhere

@@ -22,16 +22,18 @@ METHOD_DIFFERENCES = {
                             'build_net', 'infer', 'LookaheadState', 'synchronized_time', 'train'},
     'airbench95': {'__doc__', 'hyp'},
     'airbench96': {'__doc__', 'hyp', 'ConvGroup'},
-    'airbench94_muon': {'__doc__', 'hyp', 'batch_flip_lr', 'batch_crop', 'batch_cutout',
-                        'CifarLoader', 'make_net', 'reinitialize', 'build_net', 'init_whitening',
-                        'LookaheadState', 'lookahead_decay', 'infer', 'decoupled_sgd_groups',
-                        'lr_schedule', 'synchronized_time', 'train'},
-    'airbench96_faster': {'__doc__', 'hyp', 'CifarLoader', 'ConvGroup', 'make_net', 'build_net',
-                          'train'},
-    'airbench94_hiverge': {'__doc__', 'hyp', 'batch_flip_lr', 'batch_crop', 'batch_cutout',
-                           'CifarLoader', 'ConvGroup', 'make_net', 'reinitialize', 'build_net',
-                           'init_whitening', 'LookaheadState', 'lookahead_decay', 'infer',
-                           'decoupled_sgd_groups', 'lr_schedule', 'synchronized_time', 'train'},
+    'airbench94_muon': {'__doc__', 'hyp', 'HYP_CHOICES', 'HYP_RANGES', 'batch_flip_lr',
+                        'batch_crop', 'batch_cutout', 'CifarLoader', 'make_net', 'reinitialize',
+                        'build_net', 'init_whitening', 'LookaheadState', 'lookahead_decay',
+                        'infer', 'decoupled_sgd_groups', 'lr_schedule', 'synchronized_time',
+                        'train'},
+    'airbench96_faster': {'__doc__', 'hyp', 'HYP_CHOICES', 'HYP_RANGES', 'CifarLoader',
+                          'ConvGroup', 'make_net', 'build_net', 'train'},
+    'airbench94_hiverge': {'__doc__', 'hyp', 'HYP_CHOICES', 'HYP_RANGES', 'batch_flip_lr',
+                           'batch_crop', 'batch_cutout', 'CifarLoader', 'ConvGroup', 'make_net',
+                           'reinitialize', 'build_net', 'init_whitening', 'LookaheadState',
+                           'lookahead_decay', 'infer', 'decoupled_sgd_groups', 'lr_schedule',
+                           'synchronized_time', 'train'},
 }
 # Blocks that airbench94.py lacks, or that several scripts share in place of its own: identical in
 # each, as the first has it
@@ -44,7 +46,8 @@ SHARED_BEYOND_REFERENCE = {
     **dict.fromkeys(['augmented_images', 'CifarLoader'], ['airbench94_compiled', 'airbench94_muon']),
 }
 BANNER_PHRASE = 'identical in all the airbench scripts'
-LIMITS = {'method': 380, 'whole': 565}  # airbench94.py's, in lines (docs/layout.md)
+LIMITS = {'method': 400, 'tail': 200}  # airbench94.py's, in lines (docs/layout.md); no cap on the
+# whole file: the method is read line by line, one statement saying one thing
 
 
 def read(name):
@@ -64,10 +67,9 @@ def split(source):
 
 
 def layout(name):
-    """{'method': lines, 'whole': lines} of a script, as the layout check counts them."""
-    source = read(name)
-    _, method, _ = split(source)
-    return {'method': len(method.splitlines()), 'whole': len(source.splitlines())}
+    """{'method': lines, 'tail': lines} of a script, as the layout check counts them."""
+    _, method, tail = split(read(name))
+    return {'method': len(method.splitlines()), 'tail': len(tail.splitlines())}
 
 
 def blocks(text):

@@ -15,12 +15,13 @@ airbench94_muon), that decision is forced here, so its CUDA graphs are counted; 
 compiles nothing here is shown as such. airbench96_faster compiles nothing anywhere.
 
 Usage: python tools/torch_versions.py [--versions oldest,current,...] [--venvs DIR]
-                                      [--tests scripts|all|tests/test_x.py,...]
+                                      [--tests scripts|all|test_x,tests/scripts/test_y.py,...]
 The environments go to --venvs (default ~/.cache/airbench/venvs, outside the repository) and are
 reused: pip installs only what changed. A first install downloads torch and its CUDA libraries
 (about 2.5 to 4 GB per version); pip's cache makes the next ones quick.
 """
 import argparse
+import glob
 import json
 import os
 import re
@@ -75,9 +76,10 @@ def test_files(selection):
     if selection == 'all':
         return ['tests']
     names = SCRIPT_TESTS if selection == 'scripts' else selection.split(',')
-    paths = [name if name.endswith('.py') else os.path.join('tests', f'{name}.py')
-             for name in names]
-    return [path for path in paths if os.path.exists(os.path.join(REPO, path))]
+    found = {os.path.basename(path)[:-3]: os.path.relpath(path, REPO) for path in
+             glob.glob(os.path.join(REPO, 'tests', '**', 'test_*.py'), recursive=True)}
+    paths = [name if name.endswith('.py') else found.get(name, '') for name in names]
+    return [path for path in paths if path and os.path.exists(os.path.join(REPO, path))]
 
 
 def run_tests(python, files):

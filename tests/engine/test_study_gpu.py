@@ -22,11 +22,11 @@ import studylib.runs  # noqa: E402
 import studylib.scripts  # noqa: E402
 from studylib import cli  # noqa: E402
 from studylib.device import prepare_device  # noqa: E402
-from studylib.environment import world_environment  # noqa: E402
+from studylib.device import world_environment  # noqa: E402
 from studylib.errors import StudyError  # noqa: E402
 from studylib.launch import device_failure, train_one  # noqa: E402
 from studylib.records import FailedTry  # noqa: E402
-from studylib.setup import setup_process  # noqa: E402
+from studylib.plan import setup_process  # noqa: E402
 
 STAND_IN = os.path.join(REPO, 'tests', 'stand_in_script.py')
 

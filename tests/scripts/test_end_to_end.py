@@ -11,7 +11,7 @@ from conftest import (ALL_SCRIPTS, QUICK, REPO, SCRIPTS, load_script, narrow, ru
 
 # Each script as a whole (their networks differ). Two runs check the study's bookkeeping (seed + i,
 # per-run entries, the summary over runs), which is the same code in every script
-# (tests/test_layout.py), so the others do one run to keep the suite short.
+# (tests/scripts/test_layout.py), so the others do one run to keep the suite short.
 RUNS = {'airbench94': 2}
 
 

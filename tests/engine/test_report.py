@@ -14,7 +14,8 @@ from conftest import REPO
 from test_study import study_main  # noqa: F401  (a fixture)
 
 import study  # noqa: E402
-from studylib import load, plots, variance  # noqa: E402
+from studylib import plots, tables  # noqa: E402
+from studylib.stats import variance  # noqa: E402
 
 HYP = {'opt': {'train_epochs': 10.0, 'lr': 11.5}, 'aug': {'flip': 'alternating'},
        'net': {'tta_level': 2}}
@@ -289,8 +290,8 @@ def test_variance_streamed_over_runs_equals_the_arrays_and_grows_run_by_run(tmp_
     for run in range(5):
         add(run)
     reads = []
-    real_read = load.read_outputs
-    monkeypatch.setattr(load, 'read_outputs', lambda *args: reads.append(args) or
+    real_read = tables.read_outputs
+    monkeypatch.setattr(tables, 'read_outputs', lambda *args: reads.append(args) or
                         real_read(*args))
     study.write_outputs(study_dir)
     assert len(reads) == 10  # 5 runs, 2 kinds of logits

@@ -8,7 +8,7 @@ flops_tool = load_tool('flops')
 # The exact count (the steps as run, plus TTA) against the paper: 94 is required within 3%, 95,
 # 96 and the later records (0.29 and 3.1, their authors' figures) within 5%. Measured: 0.350 vs
 # 0.36 (-2.8%), 1.338 vs 1.4 (-4.4%), 7.232 vs 7.2 (+0.4%), 0.291 vs 0.29 (+0.3%), 3.103 vs 3.1
-# (+0.1%; tests/test_faster.py checks how its proxy counts).
+# (+0.1%; tests/scripts/test_faster.py checks how its proxy counts).
 TOLERANCE = {'airbench94': 0.03, 'airbench95': 0.05, 'airbench96': 0.05, 'airbench94_muon': 0.05,
              'airbench96_faster': 0.05}
 

@@ -11,7 +11,7 @@ The fitted quantities. Test error = 0.03 + 0.45 * epochs^-0.75 on the grid 5, 10
 ('law A'); the power law fitted to the paper's random-flip accuracies at 10, 20, 40, 80 epochs
 (tab:altflip_cifar10, no Cutout, no TTA: 'paper'); and a curve that is no power law, error =
 0.055 + 0.25 * exp(-epochs / 6) on 5, 10, 20, 40 ('exponential'). A compared configuration is
-exactly 25% faster: its accuracy at E epochs is the truth's at 1.25 E. 'study' is studylib.fits'
+exactly 25% faster: its accuracy at E epochs is the truth's at 1.25 E. 'study' is studylib.stats.fits'
 interval (pooled variance, paired by seed); 'former' the one it replaced (each cell's mean drawn
 alone from its own Student t). Both draw --draws times (the library's default is 4000; 2000 move
 a 2.5% quantile by about 0.35% of the draws, which changes no coverage measurably).
@@ -28,7 +28,7 @@ method's coverage and width. --boundary prints the rejection rates of the tests 
 hypothesis holds with equality (the size, at most 5% nominal) and the lack-of-fit test's power;
 --calibration the class-aggregated calibration error of simulated ensembles (variance.py).
 
-Usage: python tools/coverage.py [--studies 400] [--runs 3,5,10,25] [--draws 2000] [--rows TEXT]
+Usage: python tools/interval_coverage.py [--studies 400] [--runs 3,5,10,25] [--draws 2000] [--rows TEXT]
                                 [--boundary] [--calibration]
 """
 import argparse
@@ -44,7 +44,7 @@ from scipy.optimize import brentq
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from studylib import fits, inference, variance  # noqa: E402
+from studylib.stats import fits, inference, variance  # noqa: E402
 from tools.paper_speedups import RANDOM, accuracies  # noqa: E402
 
 NOISE = 0.0015  # run-to-run standard deviation, as a fraction
@@ -101,7 +101,7 @@ def exponential():
 
 
 def quantile_interval(values):
-    """The central CONFIDENCE interval of Monte Carlo values as studylib.fits takes it (nan:
+    """The central CONFIDENCE interval of Monte Carlo values as studylib.stats.fits takes it (nan:
     dropped; inf above: open)."""
     kept = np.sort(values[~np.isnan(values)])
     if not kept.size:

@@ -25,13 +25,13 @@ from test_study import ENV, STUDY, records, study_main, study_summary  # noqa: F
 
 load_script('study')  # puts the repository on the path
 import studylib.report  # noqa: E402
-from studylib import errors, files, variance  # noqa: E402
-from studylib import load  # noqa: E402
+from studylib import errors, files, tables  # noqa: E402
+from studylib.stats import variance  # noqa: E402
 
 STAND_IN = os.path.join(REPO, 'tests', 'stand_in_script.py')
 QUICK = ['--dataset', 'folder', '--device', 'cpu', '--precision', 'fp32', '--no-warmup',
          '--hyp', 'opt.batch_size=64', '--hyp', 'curve.noise=0.03']
-VOLATILE = ('finished', 'launch')  # what a run trained again changes in its record
+VOLATILE = ('started', 'finished', 'launch')  # what a run trained again changes in its record
 
 
 def argv(study_dir, image_folder, runs=3):
@@ -287,15 +287,16 @@ def test_a_run_trained_again_replaces_its_votes_in_the_kept_tally(tmp_path):
     outputs = {run: logits() for run in range(3)}
     for run in range(3):
         add_run(study_dir, 'a', run, 0.5, outputs=outputs[run])
-    runs, _ = load.load_study(study_dir, outputs=False)
-    load.ensemble_tallies(study_dir, runs, load.test_labels(study_dir), 10)  # kept in DIR/analysis
+    runs, _ = tables.load_study(study_dir, outputs=False)
+    labels_read = tables.test_labels(study_dir)
+    tables.ensemble_tallies(study_dir, runs, labels_read, 10)  # kept in DIR/analysis
     outputs[1] = logits()
     add_run(study_dir, 'a', 1, 0.5, outputs=outputs[1])
     record_path = os.path.join(study_dir, 'runs', 'a', '00001.json')
     rewrite_record(pathlib.Path(record_path),
                    lambda record: record.update(finished='2026-11-27T00:00:00'))
-    runs, _ = load.load_study(study_dir, outputs=False)
-    tally = load.ensemble_tallies(study_dir, runs, load.test_labels(study_dir), 10)['a']['tta']
+    runs, _ = tables.load_study(study_dir, outputs=False)
+    tally = tables.ensemble_tallies(study_dir, runs, labels_read, 10)['a']['tta']
     fresh = variance.EnsembleTally(labels, 10)
     for run in range(3):
         fresh.add(outputs[run]['logits'].float().numpy().argmax(axis=1))

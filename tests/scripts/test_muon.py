@@ -1,6 +1,6 @@
 """airbench94_muon.py's own method: the Newton-Schulz orthogonalization, the Muon step, the
 parameter groups, the schedule, the record's hyperparameters and initialization, and its CUDA path
-on the meta device. What it shares with airbench94 is checked there once (tests/test_layout.py
+on the meta device. What it shares with airbench94 is checked there once (tests/scripts/test_layout.py
 proves the blocks identical)."""
 import pytest
 import torch

@@ -161,7 +161,7 @@ def test_the_variance_analysis_needs_saved_logits(study_main, image_folder, tmp_
 
 BAD_CONFIGS = [  # study.py's flags, the message
     (['--config', 'mine', 'nowhere/copy.py'], 'nowhere/copy.py: no such file'),
-    (['--config', 'mine', 'EMPTY'], 'lacks hyp, train, build_net'),
+    (['--config', 'mine', 'EMPTY'], 'lacks hyp, HYP_CHOICES, HYP_RANGES, train, build_net'),
     (['--grid', 'opt.learning_rate=1,2'], 'no hyperparameter opt.learning_rate'),
     (['--grid', 'aug.flip=random,sideways'], "--hyp aug.flip takes one of ('alternating'"),
     (['--grid', 'opt.lr=1,1'], '--grid opt.lr: a value is given twice'),
@@ -173,11 +173,14 @@ BAD_CONFIGS = [  # study.py's flags, the message
 def test_the_flags_after_the_separator_then_the_overrides_set_hyp_in_that_order():
     """One owner, one order: the script's hyp, --epochs N as opt.train_epochs=N, each --hyp, then
     the configuration's overrides; a later one wins, and none is refused for another."""
-    from studylib.hyp import config_hyp, parse_flags
-    hyp = load_script('airbench94').hyp
+    from studylib.cli import parse_flags
+    from studylib.hyp import config_hyp
+    script = load_script('airbench94')
+    hyp = script.hyp
 
     def epochs(flags, overrides=()):
-        return config_hyp(hyp, parse_flags(flags), overrides)['opt']['train_epochs']
+        return config_hyp(hyp, script.HYP_CHOICES, script.HYP_RANGES, parse_flags(flags),
+                          overrides)['opt']['train_epochs']
     assert epochs([]) == hyp['opt']['train_epochs']
     assert epochs(['--epochs', '2']) == 2
     assert epochs(['--epochs', '2', '--hyp', 'opt.train_epochs=3']) == 3

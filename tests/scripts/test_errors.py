@@ -19,7 +19,8 @@ load_script('study')  # puts the repository on the path
 import studylib.data  # noqa: E402
 from studylib.data import load_study_data  # noqa: E402
 from studylib.errors import StorageError, StudyError  # noqa: E402
-from studylib.hyp import config_hyp, parse_flags  # noqa: E402
+from studylib.cli import parse_flags  # noqa: E402
+from studylib.hyp import config_hyp  # noqa: E402
 
 
 @pytest.fixture(params=ALL_SCRIPTS)
@@ -195,7 +196,8 @@ def refusals(script, setting):
     """(the script's message, study.py's message) for --hyp SETTING; None where it takes it."""
     said = []
     for check in (lambda: script.hyp_with_flags(script.parse_args(['--hyp', setting])),
-                  lambda: config_hyp(script.hyp, parse_flags(['--hyp', setting]))):
+                  lambda: config_hyp(script.hyp, script.HYP_CHOICES, script.HYP_RANGES,
+                                     parse_flags(['--hyp', setting]))):
         try:
             check()
             said.append(None)

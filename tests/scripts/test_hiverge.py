@@ -4,7 +4,7 @@ growing renormalization interval, the brightness and contrast jitter's ranges, t
 (full TTA's logits on the least confident images, plain logits on the others; fraction 1 is full
 TTA), the schedules, and its CUDA path: the meta device, fake CUDA tensors, no host
 synchronization when timed, and every graph compiled in the warmup. What it shares with airbench94
-is checked there once (tests/test_layout.py proves the blocks identical); conftest.SCRIPTS runs
+is checked there once (tests/scripts/test_layout.py proves the blocks identical); conftest.SCRIPTS runs
 the per-script checks on it."""
 import math
 

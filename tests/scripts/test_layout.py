@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from conftest import (ALL_SCRIPTS, CPU, REPO, SCRIPTS, load_script, load_tool, tiny_dataset,
-                      top_level_names, with_hyp)
+from conftest import (ALL_SCRIPTS, CPU, REPO, SCRIPTS, above_the_banner, load_script, load_tool,
+                      tiny_dataset, top_level_names, with_hyp)
 
 shared = load_tool('shared_blocks')
 
@@ -93,11 +93,15 @@ def test_the_tail_needs_only_torch_and_torchvision():
 
 
 @pytest.mark.parametrize('name', ALL_SCRIPTS)
-def test_study_py_checks_hyp_by_the_scripts_rules(name):
-    """studylib.hyp mirrors the tail's tables (the tail needs only torch and torchvision)."""
-    from studylib import hyp
+def test_each_script_owns_the_rules_of_its_own_hyp(name):
+    """A script's HYP_CHOICES and HYP_RANGES stand above the banner and name its own entries only
+    (GROUP.NAME of its hyp): no table names another script's keys."""
     script = load_script(name)
-    assert (script.HYP_CHOICES, script.HYP_RANGES) == (hyp.HYP_CHOICES, hyp.HYP_RANGES)
+    method = above_the_banner(open(os.path.join(REPO, f'{name}.py')).read())
+    assert {'HYP_CHOICES', 'HYP_RANGES'} <= top_level_names(method)
+    entries = {f'{group}.{key}' for group, values in script.hyp.items() for key in values}
+    assert set(script.HYP_CHOICES) | set(script.HYP_RANGES) <= entries
+    assert not set(script.HYP_CHOICES) & set(script.HYP_RANGES)
 
 
 @pytest.mark.parametrize('name', ALL_SCRIPTS)
@@ -107,4 +111,5 @@ def test_every_switch_of_every_hyp_has_its_choices(name):
     for group, entries in script.hyp.items():
         for key, value in entries.items():
             if isinstance(value, (str, bool)):
-                assert key in script.HYP_CHOICES and value in script.HYP_CHOICES[key]
+                choices = script.HYP_CHOICES[f'{group}.{key}']
+                assert value in choices

@@ -12,7 +12,8 @@ from conftest import (CPU, QUICK, load_script, run_script, summary_of, tiny_data
 load_script('study')  # puts the repository on the path
 import studylib.data  # noqa: E402
 from studylib.data import CIFAR10_MEAN, CIFAR10_STD, load_study_data  # noqa: E402
-from studylib.hyp import config_hyp, parse_flags  # noqa: E402
+from studylib.cli import parse_flags  # noqa: E402
+from studylib.hyp import config_hyp  # noqa: E402
 
 
 def test_class_count_comes_from_the_data_and_sets_the_head(ab94, tmp_path):
@@ -76,11 +77,13 @@ def test_svhn_turns_flipping_off_unless_asked(ab94):
     flips = {}
     for flags, overrides in (([], []), (['--hyp', 'aug.flip=random'], []),
                              ([], ['aug.flip=alternating'])):
-        hyp = config_hyp(ab94.hyp, parse_flags(['--dataset', 'svhn', *flags]), overrides)
+        hyp = config_hyp(ab94.hyp, ab94.HYP_CHOICES, ab94.HYP_RANGES,
+                         parse_flags(['--dataset', 'svhn', *flags]), overrides)
         flips[(*flags, *overrides)] = hyp['aug']['flip']
     assert flips == {(): 'none', ('--hyp', 'aug.flip=random'): 'random',
                      ('aug.flip=alternating',): 'alternating'}
-    assert config_hyp(ab94.hyp, parse_flags([]))['aug']['flip'] == 'alternating'
+    hyp = config_hyp(ab94.hyp, ab94.HYP_CHOICES, ab94.HYP_RANGES, parse_flags([]))
+    assert hyp['aug']['flip'] == 'alternating'
 
 
 def test_the_default_data_directory_is_named_by_the_dataset_and_no_other_is_changed():

@@ -13,7 +13,7 @@ import torch
 from .config import Study
 from .errors import StudyError
 from .files import atomic_write, config_dir, outputs_path, read_failures, read_json, scan_runs
-from .variance import EnsembleTally
+from .stats.variance import EnsembleTally
 
 OUTPUT_KEYS = ('logits', 'logits_plain', 'train_mask')
 TALLY_KEYS = {'tta': 'logits', 'no_tta': 'logits_plain'}

@@ -1,7 +1,7 @@
 """airbench96_faster.py's own method: the endless loader, the proxy's selection (exactly the masked
 count per batch, the highest losses), the proxy and the main network seeing the same batches in the
 same order, the schedules, the proxy's seed, FLOPs, and its CUDA path. What it shares with
-airbench94 is checked there once (tests/test_layout.py proves the blocks identical); the checks
+airbench94 is checked there once (tests/scripts/test_layout.py proves the blocks identical); the checks
 that conftest.SCRIPTS runs for every script are run here on it, at small widths where they train,
 to keep the suite short."""
 import math

@@ -16,13 +16,15 @@ from conftest import REPO, above_the_banner, load_script
 from test_study import records, study_main, study_summary, training  # noqa: F401
 
 load_script('study')  # puts the repository on the path
+import studylib.looks  # noqa: E402
 import studylib.report  # noqa: E402
 import studylib.scripts  # noqa: E402
 from studylib import cli  # noqa: E402
 from studylib.config import Config, Study, as_json  # noqa: E402
 from studylib.errors import StudyError  # noqa: E402
 from studylib.data import load_study_data  # noqa: E402
-from studylib.hyp import config_hyp, parse_flags  # noqa: E402
+from studylib.cli import parse_flags  # noqa: E402
+from studylib.hyp import config_hyp  # noqa: E402
 from studylib.scripts import open_script  # noqa: E402
 from studylib.scripts import load_script as load_study_script  # noqa: E402
 
@@ -98,6 +100,28 @@ def test_the_engines_work_per_run_does_not_grow_with_the_runs(study_main, image_
     assert per_run[1] == pytest.approx(per_run[0], rel=0.02), lines
 
 
+def test_the_report_gives_the_engines_time_between_runs(study_main, image_folder, tmp_path):
+    """Each record says when its run started; the report gives, per launch, the mean time from a
+    run's finish to its process's next start, over the mean run (on a GPU it must stay under 2%)."""
+    import datetime
+    study_dir = tmp_path / 'study'
+    assert study_main([STAND_IN, '--runs', '6', '--study-dir', str(study_dir), '--', *QUICK,
+                       '--data-dir', image_folder]) == 0
+    found = sorted(records(study_dir).values(), key=lambda record: record['started'])
+    moment = [[datetime.datetime.fromisoformat(r[key]) for key in ('started', 'finished')]
+              for r in found]
+    gaps = [(later[0] - earlier[1]).total_seconds() for earlier, later in zip(moment, moment[1:])]
+    runs = [(finished - started).total_seconds() for started, finished in moment]
+    assert all(gap >= 0 for gap in gaps) and all(run > 0 for run in runs)
+    (launch,) = study_summary(study_dir)['launches']
+    between = launch['between_runs']
+    assert between['gaps'] == 5
+    assert between['gap_seconds'] == pytest.approx(sum(gaps) / 5, abs=1e-6)
+    assert between['fraction'] == pytest.approx(sum(gaps) / 5 / (sum(runs) / 6), rel=1e-6)
+    report = (study_dir / 'report.md').read_text()
+    assert f"% of a run's {between['run_seconds']:.3g} s (5 gaps)" in report
+
+
 def test_a_config_is_one_type_from_the_command_line_to_study_json_and_back(
         study_main, image_folder, tmp_path):
     args = cli.parse_args([STAND_IN, '--runs', '1', '--study-dir', str(tmp_path / 'study'),
@@ -131,7 +155,8 @@ def test_a_study_made_by_the_study_py_of_before_opens_and_continues(study_main, 
     script, flags = open_script('airbench94'), parse_flags([*training(), '--data-dir', image_folder])
     for name, config in saved['configs'].items():
         config['script_sha256'] = script.sha256
-        config['hyp'] = as_json(config_hyp(script.module.hyp, flags, config['overrides']))
+        config['hyp'] = as_json(config_hyp(script.module.hyp, script.module.HYP_CHOICES,
+                                           script.module.HYP_RANGES, flags, config['overrides']))
     (study_dir / 'study.json').write_text(json.dumps(saved))
     assert study_main(['airbench94', '--runs', '3', '--study-dir', str(study_dir), *configs, '--',
                        *training(), '--data-dir', image_folder]) == 0
@@ -142,6 +167,15 @@ def test_a_study_made_by_the_study_py_of_before_opens_and_continues(study_main, 
     assert study['runs'] == 3 and len(study['commands']) == 2 and len(study['launches']) == 2
     assert study['target'] == 0.5  # kept by a launch without --target
     assert study_summary(study_dir)['configs']['b']['n'] == 3
+    # what each launch asked for: the new one recorded it, the old one's is read from its command
+    old, new = study['launches']
+    assert 'request' not in old and new['request'] == dict(
+        runs=3, configs=[['a'], ['b', 'opt.lr=5']], grids=[], target=None)
+    assert [studylib.looks.launch_request(launch) for launch in (old, new)] == [
+        (2, frozenset({('a',), ('b', 'opt.lr=5')}), frozenset(), 0.5),
+        (3, frozenset({('a',), ('b', 'opt.lr=5')}), frozenset(), None)]
+    (reason,) = study_summary(study_dir)['looks']['reasons']  # the old launch's runs: 2
+    assert 'extended the study (--runs 2 -> 3' in reason
 
 
 def test_a_study_json_of_another_shape_is_refused_saying_how_to_continue(study_main, tmp_path,
@@ -182,8 +216,8 @@ def test_a_copy_with_less_than_its_method_is_refused_naming_what_it_lacks(
                        *QUICK, '--data-dir', image_folder]) == 1
     (line,) = capsys.readouterr().err.splitlines()
     assert line == (f'error: {copy} lacks {missing}, which study.py needs: a copy defines the '
-                    'method (hyp, train, build_net, infer, CifarLoader, source_seeds: a script\'s '
-                    'part above the banner), and needs nothing below it')
+                    'method (hyp, HYP_CHOICES, HYP_RANGES, train, build_net, infer, CifarLoader, '
+                    'source_seeds: a script\'s part above the banner), and needs nothing below it')
     assert not (tmp_path / 'study').exists()
 
 
@@ -319,14 +353,48 @@ def test_a_study_reads_only_the_method_of_its_script(study_main, image_folder, t
     """The same as it runs: a whole study (warmup, a run, the report) reads from its script's
     module the names of METHOD_API and no other."""
     import dataclasses
-    import studylib.setup
+    import studylib.plan
     from studylib.scripts import METHOD_API
-    names, open_script = set(), studylib.setup.open_script
+    names, open_script = set(), studylib.plan.open_script
 
     def recorded(label):
         script = open_script(label)
         return dataclasses.replace(script, module=NamesRead(script.module, names))
-    monkeypatch.setattr(studylib.setup, 'open_script', recorded)
+    monkeypatch.setattr(studylib.plan, 'open_script', recorded)
     assert study_main(['airbench94', '--runs', '1', '--study-dir', str(tmp_path / 'study'), '--',
                        *training(), '--data-dir', image_folder]) == 0
     assert {'hyp', 'train', 'build_net'} <= names <= set(METHOD_API), names
+
+
+def studylib_imports(path):
+    """The modules of studylib that a module's source imports ('stats.fits', 'config', ...)."""
+    import ast
+    package = os.path.relpath(os.path.dirname(path), REPO).replace(os.sep, '.')
+    found = set()
+    for node in ast.walk(ast.parse(open(path).read())):
+        if isinstance(node, ast.ImportFrom) and node.level:  # '.' the package, '..' its parent
+            where = package.rsplit('.', node.level - 1)[0]
+            where = f'{where}.{node.module}' if node.module else where
+            names = [where, *(f'{where}.{alias.name}' for alias in node.names)]
+            found |= {name.removeprefix('studylib.') for name in names}
+    return found
+
+
+def test_no_module_of_studylib_imports_from_a_layer_above_its_own():
+    """studylib's layers (its docstring): the statistics, the study directory, the reports, the
+    engine, the command line; each module imports only from its layer and those below (so the
+    statistics import nothing of the engine, and the engine never the command line)."""
+    import glob
+    import studylib
+    layer = {module: i for i, modules in enumerate(studylib.LAYERS) for module in modules}
+    paths = glob.glob(os.path.join(REPO, 'studylib', '**', '*.py'), recursive=True)
+    modules = {os.path.relpath(p, os.path.join(REPO, 'studylib'))[:-3].replace(os.sep, '.'): p
+               for p in paths if not p.endswith('__init__.py')}
+    assert set(modules) == set(layer)  # every module has its layer
+    upward = [(module, imported) for module, path in modules.items()
+              for imported in studylib_imports(path)
+              if imported in layer and layer[imported] > layer[module]]
+    assert upward == []
+    assert {'stats.inference'} <= studylib_imports(modules['stats.fits'])  # the reading works
+    assert {'stats.fits', 'stats.inference'} <= studylib_imports(modules['analysis'])
+    assert {'launch', 'report'} <= studylib_imports(modules['cli'])

@@ -1,6 +1,6 @@
 """Properties of the method, each of which a broken implementation fails.
 
-The method blocks the scripts share are identical to airbench94.py's (tests/test_layout.py), so
+The method blocks the scripts share are identical to airbench94.py's (tests/scripts/test_layout.py), so
 their properties are checked once, on airbench94; what differs between the scripts (the network,
 the hyperparameters) is checked for each."""
 import ast
