@@ -568,8 +568,9 @@ def main(argv=None):
                                      f"{figures['train_loss']} in epoch {figures['epoch']}. Lower "
                                      'the learning rate (--hyp opt.lr=...) or check the data.')
         if (figures['run'], figures['epoch']) == (0, 0):  # the default 25 runs take hours on a CPU
+            # from the timed seconds, not the wall clock: on CUDA the figures come after the run
             epochs = math.ceil(run_hyp['opt']['train_epochs'])
-            left = (time.perf_counter() - start) * (epochs * args.runs - 1)
+            left = figures['total_time_seconds'] * (epochs * args.runs - 1)
             print(f'about {left / 60:.1f} minutes left for the {args.runs} runs')
 
     def write_log(status):  # after each run, replaced whole: a crash keeps the runs before it
@@ -580,7 +581,6 @@ def main(argv=None):
 
     try:  # status: set by the last run's log, or by how the runs stopped
         for run in range(args.runs):
-            start = time.perf_counter()
             result = train(data, run_hyp, device, precision, seed + run, net,
                            on_epoch=lambda figures: report({**figures, 'run': run}))
             log['runs'].append({key: value for key, value in result.items() if key != 'net'})

@@ -135,8 +135,13 @@ class CifarLoader:
     def __init__(self, images, labels, batch_size, mean, std, aug, dtype=torch.float32,
                  order_generator=None, aug_generator=None, sampling='reshuffle', compiled=False):
         self.images = images.permute(0, 3, 1, 2).to(dtype) / 255  # uint8 NHWC -> [0, 1] NCHW
-        self.labels, self.batch_size, self.aug, self.sampling = labels, batch_size, aug, sampling
-        self.order_generator, self.aug_generator, self.epoch = order_generator, aug_generator, 0
+        self.labels = labels
+        self.batch_size = batch_size
+        self.aug = aug
+        self.sampling = sampling
+        self.order_generator = order_generator
+        self.aug_generator = aug_generator
+        self.epoch = 0
         self.mean = torch.tensor(mean, device=images.device, dtype=dtype).view(1, -1, 1, 1)
         self.std = torch.tensor(std, device=images.device, dtype=dtype).view(1, -1, 1, 1)
         self.padded_images = None  # normalized, pre-flipped and reflect-padded in the first epoch
@@ -180,7 +185,8 @@ class CifarLoader:
     def __iter__(self):
         images = self.augmented_epoch()
         self.epoch += 1
-        n, draw = len(images), dict(device=images.device, generator=self.order_generator)
+        n = len(images)
+        draw = dict(device=images.device, generator=self.order_generator)
         indices = (torch.randint(n, (n,), **draw) if self.sampling == 'replacement'  # N draws
                    else torch.randperm(n, **draw))
         for batch in indices[:len(self) * self.batch_size].split(self.batch_size):
@@ -251,7 +257,8 @@ def reinitialize(net, whiten=True, identity_init=True):
             module.reset_parameters()
     if identity_init:
         init_identity(net)
-    net[0].weight.requires_grad, net[0].bias.requires_grad = not whiten, True
+    net[0].weight.requires_grad = not whiten
+    net[0].bias.requires_grad = True
 
 def recompile_on_requires_grad():
     """A new graph when a parameter's requires_grad changes (the whitening bias's freeze), as torch
@@ -332,7 +339,8 @@ def infer(net, images, tta_level, autocast, batch_size=EVAL_BATCH_SIZE):
             return net(x).float().clone()  # CUDA graphs overwrite their outputs at the next call
         if tta_level == 1:
             return mirror_mean(x)
-        padded, size = F.pad(x, (1,) * 4, mode='reflect'), x.size(-1)
+        padded = F.pad(x, (1,) * 4, mode='reflect')
+        size = x.size(-1)
         shifted = [padded[:, :, :size, :size], padded[:, :, 2:, 2:]]
         # with x's strides, so that the graph compiled for x serves them, not one more per view
         shifted = [view.contiguous(memory_format=torch.channels_last) for view in shifted]
@@ -349,7 +357,8 @@ def decoupled_sgd_groups(net, lr, weight_decay, momentum, batch_size, bias_scale
     times the gradient: dividing by that makes the step size independent of momentum. The decay
     per step (PyTorch's lr * weight_decay) is the same in every group, whatever its lr."""
     kilostep_scale = 1024 * (1 + 1 / (1 - momentum))
-    base_lr, bias_lr = lr / kilostep_scale, bias_scaler * lr / kilostep_scale
+    base_lr = lr / kilostep_scale
+    bias_lr = bias_scaler * lr / kilostep_scale
     decay_per_step = weight_decay * batch_size / kilostep_scale
     trainable = [(name, p) for name, p in net.named_parameters() if p.requires_grad]
     norm_biases = [p for name, p in trainable if 'norm' in name]
@@ -435,8 +444,10 @@ def train(data, hyp, device, precision, seed, net=None, epoch_eval=True, on_epoc
     net: from build_net, reinitialized and trained in place (built when None). on_epoch(figures)
     gets each epoch's figures, untimed: on the CPU as the epoch ends, on CUDA when the run is over
     (it may raise to stop). Returns the run's figures and net."""
-    opt, arch = hyp['opt'], hyp['net']
-    batch_size, epochs = opt['batch_size'], opt['train_epochs']
+    opt = hyp['opt']
+    arch = hyp['net']
+    batch_size = opt['batch_size']
+    epochs = opt['train_epochs']
     dtype = torch.float16 if precision == 'fp16' else torch.float32
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=(precision == 'bf16'))
     seeds = seed if isinstance(seed, dict) else source_seeds(seed)
@@ -444,8 +455,9 @@ def train(data, hyp, device, precision, seed, net=None, epoch_eval=True, on_epoc
     loader = CifarLoader(data['train']['images'], data['train']['labels'], batch_size, data['mean'],
                          data['std'], hyp['aug'], dtype, *generators, sampling=opt['sampling'],
                          compiled=True)
-    test_images, test_labels = data['test']['images'].permute(0, 3, 1, 2), data['test']['labels']
+    test_images = data['test']['images'].permute(0, 3, 1, 2)
     test_images = loader.normalize(test_images.to(dtype) / 255)
+    test_labels = data['test']['labels']
     total_steps = ceil(len(loader) * epochs)
     net = build_net(arch, len(data['classes']), device, precision) if net is None else net
     torch.manual_seed(seeds['init'])
@@ -680,8 +692,9 @@ def main(argv=None):
                                      f"{figures['train_loss']} in epoch {figures['epoch']}. Lower "
                                      'the learning rate (--hyp opt.lr=...) or check the data.')
         if (figures['run'], figures['epoch']) == (0, 0):  # the default 25 runs take hours on a CPU
+            # from the timed seconds, not the wall clock: on CUDA the figures come after the run
             epochs = math.ceil(run_hyp['opt']['train_epochs'])
-            left = (time.perf_counter() - start) * (epochs * args.runs - 1)
+            left = figures['total_time_seconds'] * (epochs * args.runs - 1)
             print(f'about {left / 60:.1f} minutes left for the {args.runs} runs')
 
     def write_log(status):  # after each run, replaced whole: a crash keeps the runs before it
@@ -692,7 +705,6 @@ def main(argv=None):
 
     try:  # status: set by the last run's log, or by how the runs stopped
         for run in range(args.runs):
-            start = time.perf_counter()
             result = train(data, run_hyp, device, precision, seed + run, net,
                            on_epoch=lambda figures: report({**figures, 'run': run}))
             log['runs'].append({key: value for key, value in result.items() if key != 'net'})

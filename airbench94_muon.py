@@ -133,8 +133,13 @@ class CifarLoader:
     def __init__(self, images, labels, batch_size, mean, std, aug, dtype=torch.float32,
                  order_generator=None, aug_generator=None, sampling='reshuffle', compiled=False):
         self.images = images.permute(0, 3, 1, 2).to(dtype) / 255  # uint8 NHWC -> [0, 1] NCHW
-        self.labels, self.batch_size, self.aug, self.sampling = labels, batch_size, aug, sampling
-        self.order_generator, self.aug_generator, self.epoch = order_generator, aug_generator, 0
+        self.labels = labels
+        self.batch_size = batch_size
+        self.aug = aug
+        self.sampling = sampling
+        self.order_generator = order_generator
+        self.aug_generator = aug_generator
+        self.epoch = 0
         self.mean = torch.tensor(mean, device=images.device, dtype=dtype).view(1, -1, 1, 1)
         self.std = torch.tensor(std, device=images.device, dtype=dtype).view(1, -1, 1, 1)
         self.padded_images = None  # normalized, pre-flipped and reflect-padded in the first epoch
@@ -178,7 +183,8 @@ class CifarLoader:
     def __iter__(self):
         images = self.augmented_epoch()
         self.epoch += 1
-        n, draw = len(images), dict(device=images.device, generator=self.order_generator)
+        n = len(images)
+        draw = dict(device=images.device, generator=self.order_generator)
         indices = (torch.randint(n, (n,), **draw) if self.sampling == 'replacement'  # N draws
                    else torch.randperm(n, **draw))
         for batch in indices[:len(self) * self.batch_size].split(self.batch_size):
@@ -341,7 +347,8 @@ def infer(net, images, tta_level, autocast, batch_size=EVAL_BATCH_SIZE):
             return net(x).float().clone()  # CUDA graphs overwrite their outputs at the next call
         if tta_level == 1:
             return mirror_mean(x)
-        padded, size = F.pad(x, (1,) * 4, mode='reflect'), x.size(-1)
+        padded = F.pad(x, (1,) * 4, mode='reflect')
+        size = x.size(-1)
         shifted = [padded[:, :, :size, :size], padded[:, :, 2:, 2:]]
         # with x's strides, so that the graph compiled for x serves them, not one more per view
         shifted = [view.contiguous(memory_format=torch.channels_last) for view in shifted]
@@ -357,7 +364,9 @@ def orthogonalize(update, steps, dtype):
     (b x x^T + c (x x^T)^2) x, which maps each singular value s to a s + b s^3 + c s^5. Its
     coefficients maximize the slope at 0, so that three steps lift even small singular values into
     a band around 1 (not onto 1: the band's edges are measured in the tests)."""
-    a, b, c = 3.4445, -4.7750, 2.0315
+    a = 3.4445
+    b = -4.7750
+    c = 2.0315
     x = update.to(dtype)
     x = x / (x.norm() + 1e-7)  # Frobenius norm 1 bounds every singular value by 1
     wide = x.size(0) <= x.size(1)
@@ -473,8 +482,10 @@ def train(data, hyp, device, precision, seed, net=None, epoch_eval=True, on_epoc
     net: from build_net, reinitialized and trained in place (built when None). on_epoch(figures)
     gets each epoch's figures, untimed: on the CPU as the epoch ends, on CUDA when the run is over
     (it may raise to stop). Returns the run's figures and the trained network."""
-    opt, arch = hyp['opt'], hyp['net']
-    batch_size, epochs = opt['batch_size'], opt['train_epochs']
+    opt = hyp['opt']
+    arch = hyp['net']
+    batch_size = opt['batch_size']
+    epochs = opt['train_epochs']
     dtype = torch.float16 if precision == 'fp16' else torch.float32
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=(precision == 'bf16'))
     # Newton-Schulz in bf16, as the record runs it, except in the fp32 recipe
@@ -484,8 +495,9 @@ def train(data, hyp, device, precision, seed, net=None, epoch_eval=True, on_epoc
     train_loader = CifarLoader(data['train']['images'], data['train']['labels'], batch_size,
                                data['mean'], data['std'], hyp['aug'], dtype, *generators,
                                compiled=compiles(device))
-    test_images, test_labels = data['test']['images'].permute(0, 3, 1, 2), data['test']['labels']
+    test_images = data['test']['images'].permute(0, 3, 1, 2)
     test_images = train_loader.normalize(test_images.to(dtype) / 255)
+    test_labels = data['test']['labels']
     total_steps = ceil(len(train_loader) * epochs)
     whiten_bias_steps = len(train_loader) * opt['whiten_bias_epochs']
 
@@ -727,8 +739,9 @@ def main(argv=None):
                                      f"{figures['train_loss']} in epoch {figures['epoch']}. Lower "
                                      'the learning rate (--hyp opt.lr=...) or check the data.')
         if (figures['run'], figures['epoch']) == (0, 0):  # the default 25 runs take hours on a CPU
+            # from the timed seconds, not the wall clock: on CUDA the figures come after the run
             epochs = math.ceil(run_hyp['opt']['train_epochs'])
-            left = (time.perf_counter() - start) * (epochs * args.runs - 1)
+            left = figures['total_time_seconds'] * (epochs * args.runs - 1)
             print(f'about {left / 60:.1f} minutes left for the {args.runs} runs')
 
     def write_log(status):  # after each run, replaced whole: a crash keeps the runs before it
@@ -739,7 +752,6 @@ def main(argv=None):
 
     try:  # status: set by the last run's log, or by how the runs stopped
         for run in range(args.runs):
-            start = time.perf_counter()
             result = train(data, run_hyp, device, precision, seed + run, net,
                            on_epoch=lambda figures: report({**figures, 'run': run}))
             log['runs'].append({key: value for key, value in result.items() if key != 'net'})

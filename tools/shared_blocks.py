@@ -5,7 +5,8 @@ scripts"), then the code that runs it. Below the banner the scripts are byte-ide
 top-level block (function, class, assignment) that two scripts both define must be the same text in
 both, except the blocks listed in METHOD_DIFFERENCES: there the method differs, and docs/layout.md
 lists each script's changes. A block that airbench94.py lacks but several scripts share
-(SHARED_BEYOND_REFERENCE) must be the same text in each.
+(SHARED_BEYOND_REFERENCE) must be the same text in each. Every statement of every script assigns
+one name (packed_assignments).
 
 Usage: python tools/shared_blocks.py          report the layout and what differs from airbench94.py
        python tools/shared_blocks.py --sync   rewrite the other scripts with airbench94.py's shared
@@ -72,6 +73,21 @@ def layout(name):
     return {'method': len(method.splitlines()), 'tail': len(tail.splitlines())}
 
 
+def packed_assignments(name):
+    """Lines of script `name` that pack names into one statement: several targets (a = b = x), a
+    tuple of values unpacked into a tuple of names (a, b = x, y), a walrus. A value that comes as a
+    tuple (n, c, h, w = x.shape) is one thing, and not counted."""
+    lines = []
+    for node in ast.walk(ast.parse(read(name))):
+        if isinstance(node, ast.Assign):
+            unpacked = isinstance(node.targets[0], (ast.Tuple, ast.List))
+            if len(node.targets) > 1 or (unpacked and isinstance(node.value, (ast.Tuple, ast.List))):
+                lines.append(node.lineno)
+        elif isinstance(node, ast.NamedExpr):
+            lines.append(node.lineno)
+    return sorted(lines)
+
+
 def blocks(text):
     """{key: text} of the top-level statements of a script's method part, in order."""
     lines = text.splitlines(keepends=True)
@@ -134,6 +150,8 @@ def main(argv):
     problems = [p for name in names for p in differences(name)]
     over = {part: n for part, n in layout(REFERENCE).items() if n > LIMITS[part]}
     problems += [f'{REFERENCE}.py: {part} part over {LIMITS[part]} lines' for part in over]
+    problems += [f'{name}.py:{line}: names packed into one statement (one name per assignment)'
+                 for name in [REFERENCE, *names] for line in packed_assignments(name)]
     print('\n'.join(problems) if problems else
           f'shared code identical in {REFERENCE}, {", ".join(names)}')
     return 1 if problems else 0

@@ -27,6 +27,18 @@ def test_airbench94_within_the_line_limits():
     assert all(counts[part] <= limit for part, limit in shared.LIMITS.items()), counts
 
 
+@pytest.mark.parametrize('name', ALL_SCRIPTS)
+def test_one_name_per_assignment(name):
+    assert shared.packed_assignments(name) == []
+
+
+def test_the_packing_check_finds_each_kind(tmp_path, monkeypatch):
+    monkeypatch.setattr(shared, 'REPO', str(tmp_path))
+    (tmp_path / 'packed.py').write_text(
+        'a, b = 1, 2\nc = d = 3\nif (e := 4):\n    pass\nn, c, h, w = x.shape\nf = (1, 2)\n')
+    assert shared.packed_assignments('packed') == [1, 2, 3]
+
+
 def test_the_check_detects_drift_and_sync_repairs_it(tmp_path, monkeypatch):
     for name in ('airbench94', 'airbench95'):
         shutil.copy(os.path.join(REPO, f'{name}.py'), tmp_path)
