@@ -1,8 +1,8 @@
 """A study's analyses, from its table of runs (load_study) and what study.json says of its
 configurations: each configuration's accuracy and times, the comparisons between configurations,
 epochs to a target and effective speedups over an epoch grid, and variance and calibration from
-saved logits. The statistics themselves are studylib.inference's, studylib.fits' and
-studylib.variance's; this module chooses what to compare and how.
+saved logits. The statistics themselves are studylib.stats' (inference, fits and
+variance); this module chooses what to compare and how.
 
 Every analysis returns what it found, or {'reason': why it is not there}: no analysis raises for
 data that admit no answer (a flat curve, a diverged configuration, a single epoch count).

@@ -42,7 +42,8 @@ class Notes:
 
 
 def interval_cell(result, notes, digits=3, scale=1.0):
-    """'estimate [low, high]' of an interval result of studylib.fits, marked when not reliable."""
+    """'estimate [low, high]' of an interval result of studylib.stats.fits, marked when not
+    reliable."""
     if result is None:
         return ''
     if result['estimate'] is None:
@@ -209,9 +210,9 @@ def speedup_lines(section):
              f"speedup over {section['baseline']}: the epochs its fit needs for the same error, "
              'divided by the epochs, minus 1. 95% intervals: the fit redone on cell means drawn '
              'jointly, with the variance pooled across cells and, where runs share their seeds, '
-             'a run effect shared by the cells (studylib.fits). Lack of fit: the F test of the '
-             "law against the runs' spread, with 4 or more epoch counts; a law it rejects at 5% "
-             'marks what is derived from it. An interval whose coverage was not measured in its '
+             'a run effect shared by the cells (studylib.stats.fits). Lack of fit: the F test of '
+             "the law against the runs' spread, with 4 or more epoch counts; a law it rejects at "
+             '5% marks what is derived from it. An interval whose coverage was not measured in its '
              f'conditions is marked {DAGGER}.', '',
              '| curve | epochs | n | mean accuracy [95% CI] | the fit\'s accuracy | fit (a, b, c) | '
              'lack of fit: F (p) | epochs to target [95% CI] | effective speedup [95% CI] |',

@@ -39,7 +39,7 @@ the epochs), so the cells' variances are pooled:
 
 The interval the module gave before drew each cell alone from its own Student t of n - 1 degrees
 of freedom: at n = 3 it covered 99% and was 1.45 to 1.85 times as wide as needed. Coverage and
-width measured by simulation: tools/coverage.py, docs/studies.md.
+width measured by simulation: tools/interval_coverage.py, docs/studies.md.
 
 A curve of 4 or more epoch counts gets a lack-of-fit F test (lack_of_fit): the means' misfit
 against the runs' own spread; a fit rejected at 5% marks every interval derived from it

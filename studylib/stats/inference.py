@@ -8,7 +8,7 @@ Every function takes sequences of numbers (lists, numpy arrays, pandas columns) 
 that JSON holds: None where a number is undefined, with `reason` saying why. Intervals and tests
 are scipy.stats' Student-t ones; they assume per-run values spread about normally, which
 accuracies of these trainings do (their coverage with and without a tail of bad runs:
-tools/coverage.py, in docs/studies.md).
+tools/interval_coverage.py, in docs/studies.md).
 """
 import contextlib
 import math

@@ -215,7 +215,8 @@ def sample_variance_interval(values, confidence):
     """The chi-square interval of the variance, (low, high): exact for normally spread values
     (n - 1 degrees of freedom), and only for them. A heavier tail makes the variance of the
     sample variance larger than the interval assumes: with one run in 20 lower by a further 0.5
-    points (docs/studies.md) it covered 92% at n = 3 and 85% at n = 25 (tools/coverage.py)."""
+    points (docs/studies.md) it covered 92% at n = 3 and 85% at n = 25
+    (tools/interval_coverage.py)."""
     n, variance = len(values), float(np.var(values, ddof=1))
     tail = (1 - confidence) / 2
     return ((n - 1) * variance / stats.chi2.ppf(1 - tail, n - 1),
@@ -330,13 +331,13 @@ def split_half_calibration_error(halves, labels, bins=CALIBRATION_BINS, confiden
     (equal_mass_bins) of BINNING_RUNS runs' vote shares: a half of more runs is thinned to that
     many (each example's votes drawn without replacement, multivariate hypergeometric), as the
     bins of more runs are narrower and pool less, which changes the figure. So the estimate's
-    expectation is the same at any number of runs from 2 * BINNING_RUNS (tools/coverage.py
+    expectation is the same at any number of runs from 2 * BINNING_RUNS (tools/interval_coverage.py
     --calibration measures it, docs/studies.md gives the figures). It keeps the floor a finite test
     set gives (labels drawn by chance).
 
     The interval: the estimate +- z * the standard deviation of the estimate over RESAMPLES
     bootstrap resamples of the test examples, the bins held (coverage of the estimator's mean
-    measured in tools/coverage.py --calibration).
+    measured in tools/interval_coverage.py --calibration).
 
     Returns (entry, binned): entry holds estimate, ci_low, ci_high, confidence, interval (its
     method), bins (those used by the first half: each one's confidence range and share of the
