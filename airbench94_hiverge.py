@@ -273,12 +273,18 @@ def compiles(device):
     than eager (docs/cpu.md, "Speed")."""
     return device.type == 'cuda'
 
-def recompile_on_requires_grad():
-    """A new graph when a parameter's requires_grad changes (the whitening bias's freeze), as torch
-    2.5, 2.6 and 2.12 on make by default; 2.4 and 2.7 to 2.11 would reuse the graph that computes
-    the frozen bias's gradient (pytorch/pytorch#139476; docs/tests.md, "Torch versions")."""
+def compile_alike_on_every_torch():
+    """The same graphs from torch 2.4 on (docs/tests.md, "Torch versions"). A new graph when a
+    parameter's requires_grad changes (the whitening bias's freeze), as torch 2.5, 2.6 and 2.12 on
+    make by default; 2.4 and 2.7 to 2.11 would reuse the graph that computes the frozen bias's
+    gradient (pytorch/pytorch#139476). On 2.4, without inductor's rewrite of a scaled softmax,
+    which fails on a graph that also returns the scaled logits (pytorch/pytorch#129685)."""
     if torch.__version__ < '2.5':
         torch._dynamo.config.inline_inbuilt_nn_modules = True
+        from torch._inductor.fx_passes import joint_graph
+        for entries in joint_graph.pass_patterns[1].patterns.values():
+            entries[:] = [entry for entry in entries
+                          if getattr(entry, 'handler', None) is not joint_graph.mul_softmax_pattern]
     elif '2.7' <= torch.__version__ < '2.12':
         torch._dynamo.config.skip_tensor_guards_with_matching_dict_tags = False
 
@@ -310,7 +316,7 @@ def build_net(arch, num_classes, device, precision):
                 module.float()
     net.forward = with_loss(net.forward)
     if compiles(device):
-        recompile_on_requires_grad()
+        compile_alike_on_every_torch()
         net.forward = torch.compile(net.forward, mode='max-autotune', dynamic=False)
     return net
 

@@ -39,7 +39,7 @@ METHOD_DIFFERENCES = {
 # Blocks that airbench94.py lacks, or that several scripts share in place of its own: identical in
 # each, as the first has it
 SHARED_BEYOND_REFERENCE = {
-    'recompile_on_requires_grad': ['airbench94_compiled', 'airbench94_muon', 'airbench94_hiverge'],
+    'compile_alike_on_every_torch': ['airbench94_compiled', 'airbench94_muon', 'airbench94_hiverge'],
     'compiles': ['airbench94_muon', 'airbench94_hiverge'],
     **dict.fromkeys(['compiled_per_image', 'coin_flips', 'prepared_images', 'DeviceClock',
                      'read_figures', 'with_loss'],

@@ -249,8 +249,8 @@ def test_each_configuration_of_a_mixed_study_compiles_what_its_script_compiles_a
         study_main, image_folder, tmp_path, monkeypatch):
     """Four compiled networks in one process: with torch.compile's limit of 8 variants shared by
     them all (nn.Sequential's forward), a study of these ran some of them eagerly. Here every
-    configuration compiles, in its warmup, the same graphs as in a study of it alone, none in its
-    runs, and no run is failed for a limit hit."""
+    configuration compiles, in its warmup, the same graphs as in a study of it alone (or has them
+    from a configuration of its script), none in its runs, and no run is failed for a limit hit."""
     import torch._dynamo
     if hasattr(torch._dynamo.config, 'fail_on_cache_limit_hit'):  # torch 2.5 on; else the warning
         monkeypatch.setattr(torch._dynamo.config, 'fail_on_cache_limit_hit', True)
@@ -273,4 +273,8 @@ def test_each_configuration_of_a_mixed_study_compiles_what_its_script_compiles_a
         assert study_main([config[1], '--runs', '1', '--study-dir', str(tmp_path / config[0]),
                            '--config', *config, *flags]) == 0
         alone += graphs
-    assert mixed == sorted(alone) and len(set(script for script, _ in mixed)) == 4
+    # A graph of the same script and inputs compiled by another configuration (hiverge16's
+    # augmentation, width-free, is hiverge's on torch 2.4, which reuses it) serves both
+    assert {(script, shapes) for (script, _), shapes in mixed} == {
+        (script, shapes) for (script, _), shapes in alone}
+    assert len(set(script for script, _ in mixed)) == 4
