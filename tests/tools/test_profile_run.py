@@ -290,19 +290,23 @@ def count_command(tmp_path, *argv):
 
 @pytest.mark.slow
 def test_the_count_of_airbench94_hiverge_is_consistent(tmp_path):
-    """One epoch (32 steps) counted as on CUDA: a forward, a backward and a Newton-Schulz graph per
-    step, no graph compiled when timed (test_hiverge.py's warmup check), and one host
-    synchronization in the timed windows: the whitening's eigh, which checks its result (inside
-    the operator: test_cuda_path.py's dispatch-level recorder sees no operator that syncs)."""
+    """One epoch (32 steps) counted as on CUDA: per step a forward with its loss, a backward and
+    Muon's whole step, each a graph, and per epoch the augmentation's; fewer eager operators per
+    step than the published script's 13.17 (docs/cpu.md); no graph compiled when timed
+    (test_hiverge.py's warmup check); one timed window, and in it one host synchronization: the
+    whitening's eigh, which checks its result (inside the operator: test_cuda_path.py's
+    dispatch-level recorder sees no operator that syncs)."""
     stdout, (counts,) = count_command(tmp_path, 'airbench94_hiverge', '--epochs', '1')
     assert counts['steps'] == counts['batches_timed'] == 32
     by_source = counts['eager_ops_per_step_by_source']
     assert counts['eager_ops_per_step'] == pytest.approx(sum(by_source.values()))
-    assert by_source['optimizer'] > 0 and by_source['loss'] > 0 and by_source['loader'] > 2
-    assert counts['graph_calls_per_step'] == 3.0
+    assert by_source['loss'] == 0  # in the network's graph
+    assert 0 < by_source['optimizer'] < 3 and by_source['loader'] > 2
+    assert counts['eager_ops_per_step'] < 13.17
+    assert counts['graph_calls_per_step'] == pytest.approx(3 + 1 / 32)
     assert counts['graphs_compiled'] > 0 and counts['graphs_compiled_in_run'] == 0
     assert counts['host_syncs_timed_by_source'] == {'whitening': 1}
-    assert counts['timing_windows'] == 3  # whitening, the epoch, TTA
+    assert counts['timing_windows'] == 1
     assert '| airbench94_hiverge | 32 |' in stdout
 
 
