@@ -189,6 +189,16 @@ def timed_region_tracker(module, recorder):
     return types.SimpleNamespace(perf_counter=perf_counter)
 
 
+def recorded_train(module, monkeypatch, hyp, precision):
+    """module.train() on tiny_dataset() under a HostSyncRecorder whose timed region opens and
+    closes at each read of the script's clock: (the recorder, train's result)."""
+    recorder = HostSyncRecorder()
+    monkeypatch.setattr(module, 'time', timed_region_tracker(module, recorder))
+    with recorder:
+        result = module.train(tiny_dataset(), hyp, CPU, precision, seed=0)
+    return recorder, result
+
+
 # The paper's ablations, all at once; their run is shorter, and in fp32, the faster on a CPU
 ABLATIONS = dict(net__whiten=False, net__identity_init=False, opt__lookahead_every=0,
                  opt__sampling='replacement', opt__bias_scaler=1.0, opt__train_epochs=1.5)
@@ -198,12 +208,9 @@ ABLATIONS = dict(net__whiten=False, net__identity_init=False, opt__lookahead_eve
     pytest.param({}, 'fp16', 14, marks=needs_cpu_fp16_padding), (ABLATIONS, 'fp32', 6)])
 def test_no_host_synchronization_inside_the_timed_region(ab94, monkeypatch, ablations, precision,
                                                          steps):
-    recorder = HostSyncRecorder()
-    monkeypatch.setattr(ab94, 'time', timed_region_tracker(ab94, recorder))
     hyp = with_hyp(ab94.hyp, **{'opt__batch_size': 16, 'opt__train_epochs': 3.5, 'aug__cutout': 8,
                                 'aug__translate': 2, 'net__widths': NARROW_WIDTHS, **ablations})
-    with recorder:
-        result = ab94.train(tiny_dataset(), hyp, CPU, precision, seed=0)
+    recorder, result = recorded_train(ab94, monkeypatch, hyp, precision)
     assert not recorder.timed  # the timed regions all closed
     assert result['steps'] == steps and 'aten.convolution_backward.default' in recorder.ops
     assert recorder.timed_syncs == []

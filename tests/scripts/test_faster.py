@@ -372,12 +372,9 @@ def test_stream_and_selection_on_fake_cuda(faster):
 
 @needs_cpu_fp16_padding
 def test_no_host_synchronization_inside_the_timed_region(faster, monkeypatch):
-    from test_cuda_path import HostSyncRecorder, timed_region_tracker
-    recorder = HostSyncRecorder()
-    monkeypatch.setattr(faster, 'time', timed_region_tracker(faster, recorder))
+    from test_cuda_path import recorded_train
     hyp = small(faster.hyp, opt__batch_size=24, opt__train_epochs=3.5)  # batches cross epochs
-    with recorder:
-        result = faster.train(tiny_dataset(), hyp, CPU, 'fp16', seed=0)
+    recorder, result = recorded_train(faster, monkeypatch, hyp, 'fp16')
     assert not recorder.timed and result['steps'] == 7
     assert {'aten.topk.default', 'aten.convolution_backward.default'} <= recorder.ops
     assert recorder.timed_syncs == []

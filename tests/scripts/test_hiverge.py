@@ -420,12 +420,9 @@ def test_loader_whitening_muon_and_selective_tta_on_fake_cuda(hiverge):
 
 @needs_cpu_fp16_padding
 def test_no_host_synchronization_inside_the_timed_region(hiverge, monkeypatch):
-    from test_cuda_path import HostSyncRecorder, timed_region_tracker
-    recorder = HostSyncRecorder()
-    monkeypatch.setattr(hiverge, 'time', timed_region_tracker(hiverge, recorder))
+    from test_cuda_path import recorded_train
     hyp = with_hyp(hiverge.hyp, opt__batch_size=16, opt__train_epochs=3.5, net__widths=SMALL)
-    with recorder:
-        result = hiverge.train(tiny_dataset(), hyp, CPU, 'fp16', seed=0)
+    recorder, result = recorded_train(hiverge, monkeypatch, hyp, 'fp16')
     assert not recorder.timed and result['steps'] == 14
     assert {'aten.topk.default', 'aten.index_copy.default', 'aten.bmm.default'} <= recorder.ops
     assert recorder.timed_syncs == []

@@ -194,12 +194,9 @@ def test_whitening_tta_and_muon_step_on_fake_cuda(muon):
 
 @needs_cpu_fp16_padding
 def test_no_host_synchronization_inside_the_timed_region(muon, monkeypatch):
-    from test_cuda_path import HostSyncRecorder, timed_region_tracker
-    recorder = HostSyncRecorder()
-    monkeypatch.setattr(muon, 'time', timed_region_tracker(muon, recorder))
+    from test_cuda_path import recorded_train
     hyp = with_hyp(muon.hyp, opt__batch_size=16, opt__train_epochs=3.5, net__widths=NARROW_WIDTHS)
-    with recorder:
-        result = muon.train(tiny_dataset(), hyp, CPU, 'fp16', seed=0)
+    recorder, result = recorded_train(muon, monkeypatch, hyp, 'fp16')
     assert not recorder.timed and result['steps'] == 14
     assert 'aten.mm.default' in recorder.ops  # the Newton-Schulz iteration ran
     assert recorder.timed_syncs == []
