@@ -54,6 +54,7 @@ hyp = {
         'whiten_eps': 5e-4,         # added to the patch eigenvalues before the inverse square root
         'identity_init': True,      # False: the 3x3 convs keep PyTorch's default init
         'tta_level': 2,             # 0: plain, 1: mirror, 2: mirror and two one-pixel translations
+        'compile_mode': 'max-autotune',  # torch.compile's mode for the network on CUDA
     },
 }
 
@@ -66,6 +67,8 @@ HYP_CHOICES = {
     'net.whiten': (True, False),
     'net.identity_init': (True, False),
     'net.tta_level': (0, 1, 2),
+    'net.compile_mode': ('max-autotune', 'max-autotune-no-cudagraphs', 'reduce-overhead',
+                         'default'),
 }
 HYP_RANGES = {
     'opt.train_epochs': (0.001, inf),
@@ -293,7 +296,8 @@ def build_net(arch, num_classes, device, precision):
     'fp16': the paper's CUDA recipe (fp16 weights and activations, BatchNorm in fp32); 'bf16': fp32
     weights, the forward pass under bf16 autocast (the CPU recipe, see train); 'fp32': plain fp32.
     Static shapes: otherwise a batch size met second (evaluation's, say) makes dynamo recompile the
-    graph with a symbolic batch size. CUDA: max-autotune (the paper's; CUDA graphs). Compilation
+    graph with a symbolic batch size. CUDA: arch['compile_mode'] (max-autotune, the paper's, with
+    CUDA graphs; docs/gpu.md compares the modes); the CPU: inductor's default mode. Compilation
     happens at the first calls. The same graphs on every torch from 2.4 (docs/tests.md, "Torch
     versions"): the forward is compiled, not the module (before 2.14 net.compile() skips
     nn.Sequential's own code, so it made a graph per block and ran the layers between them
@@ -308,8 +312,8 @@ def build_net(arch, num_classes, device, precision):
                 module.float()
     net.forward = with_loss(net.forward)
     compile_alike_on_every_torch()
-    net.forward = torch.compile(net.forward, mode='max-autotune' if device.type == 'cuda' else None,
-                                dynamic=False)
+    mode = arch['compile_mode'] if device.type == 'cuda' else None  # the CPU: inductor's default
+    net.forward = torch.compile(net.forward, mode=mode, dynamic=False)
     return net
 
 def whitening_filters(images, kernel_size, eps):

@@ -58,6 +58,7 @@ hyp = {
         'whiten_eps': 5e-4,         # added to the patch eigenvalues before the inverse square root
         'tta_level': 2,             # 0: plain, 1: mirror, 2: mirror and two one-pixel translations
         'tta_fraction': 0.25,       # of the test images, the least confident get TTA; 1: all
+        'compile_mode': 'max-autotune',  # torch.compile's mode for the network on CUDA
     },
 }
 
@@ -67,6 +68,8 @@ hyp = {
 HYP_CHOICES = {
     'aug.flip': ('alternating', 'random', 'none'),
     'net.tta_level': (0, 1, 2),
+    'net.compile_mode': ('max-autotune', 'max-autotune-no-cudagraphs', 'reduce-overhead',
+                         'default'),
 }
 HYP_RANGES = {
     'opt.train_epochs': (0.001, inf),
@@ -305,7 +308,7 @@ def build_net(arch, num_classes, device, precision):
     """make_net from hyp['net'], on the device in a precision recipe, channels_last. 'fp16': the
     CUDA recipe (fp16 weights and activations, BatchNorm in fp32); 'bf16': fp32 weights, bf16
     autocast (the CPU's); 'fp32'. Compiled where compiles(device): its forward, static shapes,
-    CUDA graphs (max-autotune), every graph by the warmup run. Its forward given labels also
+    in arch['compile_mode'], every graph by the warmup run. Its forward given labels also
     returns the loss (with_loss): one graph for both in training."""
     net = make_net(arch['widths'], num_classes, arch['batchnorm_momentum'], arch['scaling_factor'])
     net = net.to(device=device, memory_format=torch.channels_last)
@@ -317,7 +320,7 @@ def build_net(arch, num_classes, device, precision):
     net.forward = with_loss(net.forward)
     if compiles(device):
         compile_alike_on_every_torch()
-        net.forward = torch.compile(net.forward, mode='max-autotune', dynamic=False)
+        net.forward = torch.compile(net.forward, mode=arch['compile_mode'], dynamic=False)
     return net
 
 # ------------------------------------------- Whitening --------------------------------------------

@@ -53,6 +53,7 @@ hyp = {
         'scaling_factor': 1 / 256,  # the logits are multiplied by this: 1 / the head's width
         'whiten_eps': 5e-4,         # added to the patch eigenvalues before the inverse square root
         'tta_level': 2,             # 0: plain, 1: mirror, 2: mirror and two one-pixel translations
+        'compile_mode': 'max-autotune',  # torch.compile's mode for the network on CUDA
     },
 }
 
@@ -62,6 +63,8 @@ hyp = {
 HYP_CHOICES = {
     'aug.flip': ('alternating', 'random', 'none'),
     'net.tta_level': (0, 1, 2),
+    'net.compile_mode': ('max-autotune', 'max-autotune-no-cudagraphs', 'reduce-overhead',
+                         'default'),
 }
 HYP_RANGES = {
     'opt.train_epochs': (0.001, inf),
@@ -304,8 +307,8 @@ def build_net(arch, num_classes, device, precision):
     """make_net from hyp['net'], on the device in a precision recipe, channels_last, compiled where
     compiles(device). 'fp16': the CUDA recipe (fp16 weights and activations, BatchNorm in fp32);
     'bf16': fp32 weights, the forward pass under bf16 autocast (the CPU recipe, see train); 'fp32':
-    plain fp32. Compiled as airbench94_compiled.py compiles (its forward, static shapes,
-    max-autotune's CUDA graphs); the warmup run compiles every graph, none when timed. Its forward
+    plain fp32. Compiled as airbench94_compiled.py compiles (its forward, static shapes, in
+    arch['compile_mode']); the warmup run compiles every graph, none when timed. Its forward
     given labels also returns the loss (with_loss): one graph for both in training."""
     net = make_net(arch['widths'], num_classes, arch['batchnorm_momentum'], arch['scaling_factor'])
     net = net.to(device=device, memory_format=torch.channels_last)
@@ -317,7 +320,7 @@ def build_net(arch, num_classes, device, precision):
     net.forward = with_loss(net.forward)
     if compiles(device):
         compile_alike_on_every_torch()
-        net.forward = torch.compile(net.forward, mode='max-autotune', dynamic=False)
+        net.forward = torch.compile(net.forward, mode=arch['compile_mode'], dynamic=False)
     return net
 
 # ------------------------------------------- Whitening --------------------------------------------

@@ -317,3 +317,29 @@ def test_the_window_shows_a_synchronization_in_a_step_or_figures_read_as_they_co
         train_as_on_cuda(script, monkeypatch, recorder, 'fp32', on_epoch=lambda figures: None,
                          queued=False)
     assert recorder.timed_syncs.count('aten._local_scalar_dense.default') >= 3 * 3
+
+
+@pytest.mark.parametrize('name', DEVICE_CLOCK_SCRIPTS)
+def test_the_network_compiles_in_the_hyp_mode_on_cuda_and_the_default_on_the_cpu(name, monkeypatch):
+    """hyp's net.compile_mode reaches torch.compile for the network on CUDA, each of its four
+    choices; on the CPU airbench94_compiled compiles in inductor's default mode whatever the entry
+    says (so every mode trains alike there) and the Muon scripts compile nothing. The network
+    cannot be moved to a GPU here: Module.to leaves it where it is, which is all this test fakes."""
+    script = load_script(name)
+    modes = []
+
+    def recording_compile(function, mode=None, **kwargs):
+        modes.append(mode)
+        return function
+    monkeypatch.setattr(torch, 'compile', recording_compile)
+    monkeypatch.setattr(nn.Module, 'to', lambda module, *args, **kwargs: module)
+    choices = script.HYP_CHOICES['net.compile_mode']
+    assert choices == ('max-autotune', 'max-autotune-no-cudagraphs', 'reduce-overhead', 'default')
+    assert script.hyp['net']['compile_mode'] == 'max-autotune'
+    for mode in choices:
+        script.build_net({**script.hyp['net'], 'compile_mode': mode}, 10, FAKE_CUDA, 'fp16')
+    assert modes == list(choices)
+    modes.clear()
+    for mode in choices:
+        script.build_net({**script.hyp['net'], 'compile_mode': mode}, 10, CPU, 'fp32')
+    assert modes == ([None] * len(choices) if name == 'airbench94_compiled' else [])

@@ -45,7 +45,8 @@ def test_hyperparameters_are_the_published_scripts(hiverge):
     assert aug == dict(flip='alternating', translate=2, brightness=0.1399, contrast=0.1308)
     assert arch == dict(widths={'block1': 64, 'block2': 256, 'block3': 256},
                         batchnorm_momentum=0.5566, scaling_factor=1 / 256, whiten_images=960,
-                        whiten_eps=5e-4, tta_level=2, tta_fraction=0.25)
+                        whiten_eps=5e-4, tta_level=2, tta_fraction=0.25,
+                        compile_mode='max-autotune')  # model.compile(mode="max-autotune")
     steps_per_epoch = 50000 // opt['batch_size']  # docs/layout.md's 245 steps of 32 an epoch; 7
     assert (steps_per_epoch, math.ceil(steps_per_epoch * opt['train_epochs']),
             math.ceil(steps_per_epoch * opt['whiten_bias_epochs'])) == (32, 245, 7)

@@ -107,7 +107,7 @@ def test_hyperparameters_are_the_records(muon, ab94):
     assert aug == ab94.hyp['aug']
     switches = ('whiten', 'identity_init')  # the paper's ablations, which the record does not have
     assert arch == {**{k: v for k, v in ab94.hyp['net'].items() if k not in switches},
-                    'scaling_factor': 1 / 256}
+                    'scaling_factor': 1 / 256, 'compile_mode': 'max-autotune'}  # as the record
 
 
 def test_head_starts_at_unit_std_and_whitening_bias_keeps_its_init(muon):
