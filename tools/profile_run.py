@@ -9,16 +9,30 @@ main() call is profiled. Only the script's timed windows count (ours: its synchr
 a published script: its CUDA events' record pairs); steps are ours' train() result, a published
 script's batches its loader yields in them.
 
-trace (CUDA): torch.profiler, CPU and CUDA activities; printed: kernel time by kind (convolutions
-and matrix products, Triton-fused elementwise and reductions, copies and memsets, other: by kernel
-name), the GPU's idle time between kernels over the run's span, kernel launches
-(cudaLaunchKernel, cudaLaunchKernelExC, cuLaunchKernel) and CUDA-graph launches from the host per
-step, the host's CPU time per step (not waiting in synchronizations) and inside each kind of range
-(optimizer, loss, loader, compiled regions, ...), and the FLOP/s achieved (tools/flops.py's count
-of the run, where it counts the script, over the timed seconds) as a fraction of the GPU's dense
-fp16 tensor peak (PEAK_TFLOPS, or --peak-tflops). --out DIR: kernels.csv (every kernel: kind,
-calls, milliseconds), summary.json, and with --chrome-trace the trace. --device cpu runs the same
-on a CPU, without kernels: a check of the tool.
+trace (CUDA): torch.profiler, CPU and CUDA activities, read back from the Chrome trace it exports
+(there every torch names each event's category; not every torch does on its events in Python). A
+GPU activity counts when the host launched it in the windows: by the runtime or driver call whose
+CUPTI correlation id it carries (the kernels a CUDA graph replays carry their cudaGraphLaunch's),
+else by its CPU operator's External id. Printed: kernel time and calls by kind (convolutions and
+matrix products, Triton-fused elementwise and reductions, copies and memsets, other: by kernel
+name), the GPU's busy time (the union of the windows' GPU activities) and idle time between them
+over their span; but where a CUDA-graph launch in the windows has no kernel in the trace (the
+profiler did not record what it replayed) or a GPU activity inside the span is linked to no
+launch, these would be wrong, and it prints that they are incomplete, and why, instead
+(summary.json: gpu_figures_complete false, gpu_work_missing, span, busy and idle null). Per step:
+kernel launches (cudaLaunchKernel, cudaLaunchKernelExC, cuLaunchKernel) and CUDA-graph launches
+from the host, the kernels, copies and memsets the graphs replayed, the host's CPU time (not
+waiting in synchronizations) and inside each kind of range (optimizer, loss, loader, compiled
+regions, ...); and the FLOP/s achieved (tools/flops.py's count of the run, where it counts the
+script, over the timed seconds) as a fraction of the GPU's dense fp16 tensor peak (PEAK_TFLOPS,
+or --peak-tflops). --out DIR: kernels.csv (every kernel: kind, calls, milliseconds),
+summary.json, and with --chrome-trace the trace. --device cpu runs the same on a CPU, without
+kernels: a check of the tool. HolisticTraceAnalysis (holistictraceanalysis 0.5.0) is not used,
+after reading it and running it on the tests' synthetic trace: its idle time spans every GPU
+event of the trace (or of its ProfilerStep iterations), not the windows' work (there 2000 ms,
+1550 idle, against the windows' 500 and 160); with the graphs' kernels missing it gave 1670 ms
+idle and no sign of it; its kernel types are computation, communication and memory, not these
+kinds; it rounds nanoseconds to microseconds.
 
 count (CPU): per training step, counted as the script runs on CUDA: operators dispatched eagerly
 (top-level ATen operators outside compiled graphs that do work, each at least one kernel launch
@@ -50,6 +64,7 @@ import argparse
 import bisect
 import collections
 import contextlib
+import decimal
 import functools
 import importlib.util
 import json
@@ -443,49 +458,53 @@ def profiled(recorder, call, activities):
 
 
 # ------------------------------------ Analysing a CUDA trace ------------------------------------
-def event_frame(prof):
-    """Every event of a profile, one row each: name, device ('cpu' or 'cuda'), activity, start
-    and end (ns), correlation (the event's id), linked (the CPU operator a GPU event or runtime
-    call belongs to), flow (the runtime call a kernel was launched by, where kineto links them)."""
-    def row(e):
-        cuda = str(e.device_type()).endswith('CUDA')
-        activity = e.activity_type() if hasattr(e, 'activity_type') else \
-            'cpu_op' if not cuda else 'gpu_memcpy' if e.name().startswith('Memcpy') else \
-            'gpu_memset' if e.name().startswith('Memset') else 'kernel'
-        return dict(name=e.name(), device='cuda' if cuda else 'cpu', activity=activity,
-                    start=e.start_ns(), end=e.end_ns(), correlation=e.correlation_id(),
-                    linked=e.linked_correlation_id(),
-                    flow=e.flow_id() if hasattr(e, 'flow_id') else 0)
-    return pd.DataFrame([row(e) for e in prof.profiler.kineto_results.events()],
-                        columns=['name', 'device', 'activity', 'start', 'end', 'correlation',
-                                 'linked', 'flow'])
+HOST_ACTIVITIES = {'cpu_op', 'user_annotation', 'cuda_runtime', 'cuda_driver', 'python_function'}
+LAUNCHING_CALLS = {'cuda_runtime', 'cuda_driver'}  # their GPU activities carry their correlation
+OPERATORS = {'cpu_op', 'user_annotation'}  # their calls and GPU activities carry their External id
+
+
+def trace_frame(path):
+    """Every complete event ('ph': 'X') of a Chrome trace as torch.profiler exports it, one row
+    each: name, activity (its category: cpu_op, cuda_runtime, kernel, ...), start and end (ns,
+    exact: read as decimals), correlation (CUPTI's id of a runtime or driver call, which the GPU
+    activities it launched carry: a graph launch's, every kernel the graph replays) and external
+    (the External id of the CPU operator, which its calls and GPU activities carry)."""
+    with open(path) as f:
+        events = json.load(f, parse_float=decimal.Decimal)['traceEvents']
+
+    def row(event):
+        args = event.get('args', {})
+        start = 1000 * decimal.Decimal(event['ts'])
+        end = start + 1000 * decimal.Decimal(event.get('dur', 0))
+        return dict(name=event['name'], activity=event.get('cat', '').lower(), start=int(start),
+                    end=int(end), correlation=int(args.get('correlation', 0)),
+                    external=int(args.get('External id', 0)))
+    return pd.DataFrame([row(e) for e in events if e.get('ph') == 'X'],
+                        columns=['name', 'activity', 'start', 'end', 'correlation', 'external'])
 
 
 def frame_windows(frame):
-    markers = frame[frame.name.isin([MARK_START, MARK_STOP]) & (frame.device == 'cpu')]
+    markers = frame[frame.name.isin([MARK_START, MARK_STOP]) & frame.activity.isin(OPERATORS)]
     return timed_windows(list(zip(markers.start, markers.name == MARK_START)))
 
 
 def launch_times(frame, gpu):
-    """For each GPU activity, when the host launched it: the start of its runtime call (linked by
-    flow id), else of the CPU operator it belongs to (linked correlation); NaN where neither."""
-    cpu = frame[frame.device == 'cpu']
-    runtime = cpu[cpu.activity.isin(['cuda_runtime', 'cuda_driver']) & (cpu.flow > 0)]
-    by_flow = runtime.groupby('flow').start.min()
-    by_operator = cpu[cpu.linked == 0].groupby('correlation').start.min()
-    launched = gpu.flow.map(by_flow) if len(by_flow) else pd.Series(math.nan, index=gpu.index)
-    return launched.fillna(gpu.linked.map(by_operator))
+    """For each GPU activity, when the host launched it: the start of the runtime or driver call
+    of its correlation id (for a kernel a graph replays, the graph's launch), else of the CPU
+    operator of its External id; NaN where neither is in the trace."""
+    calls = frame[frame.activity.isin(LAUNCHING_CALLS) & (frame.correlation > 0)]
+    operators = frame[frame.activity.isin(OPERATORS) & (frame.external > 0)]
+    by_call = calls.groupby('correlation').start.min()
+    by_operator = operators.groupby('external').start.min()
+    return gpu.correlation.map(by_call).fillna(gpu.external.map(by_operator))
 
 
 def gpu_work_in_windows(frame, windows):
     """The GPU's kernels, copies and memsets launched inside the windows, with their kind; and
-    how many GPU activities could not be linked to a launch. (Ranges that kineto mirrors on the
-    GPU carry their CPU name: left out, where a torch names no activity type.)"""
-    host_names = set(frame.name[frame.device == 'cpu'])
-    gpu = frame[(frame.device == 'cuda') & frame.activity.isin(GPU_ACTIVITIES)
-                & ~frame.name.isin(host_names)].copy()
+    every GPU activity linked to no launch (left out: where it belongs is unknown)."""
+    gpu = frame[frame.activity.isin(GPU_ACTIVITIES)].copy()
     gpu['launched'] = launch_times(frame, gpu)
-    unlinked = int(gpu.launched.isna().sum())
+    unlinked = gpu[gpu.launched.isna()]
     gpu = gpu[within(gpu.launched, windows)]
     gpu['kind'] = [kernel_kind(n, a) for n, a in zip(gpu.name, gpu.activity)]
     gpu['ms'] = (gpu.end - gpu.start) / 1e6
@@ -493,8 +512,9 @@ def gpu_work_in_windows(frame, windows):
 
 
 def host_ranges(frame, windows):
-    """The CPU rows inside the windows, with the kind of range each is (or None)."""
-    cpu = frame[(frame.device == 'cpu') & within(frame.start.astype(float), windows)].copy()
+    """The host's rows inside the windows, with the kind of range each is (or None)."""
+    host = frame.activity.isin(HOST_ACTIVITIES)
+    cpu = frame[host & within(frame.start.astype(float), windows)].copy()
 
     def kind(name):
         if name.startswith(LABEL) and name[len(LABEL):] in STEP_SOURCES + RUN_SOURCES:
@@ -508,15 +528,43 @@ def host_ranges(frame, windows):
     return cpu
 
 
+def graph_replays(cpu, gpu):
+    """For each CUDA-graph launch in the windows (cpu: the host's rows there), how many GPU
+    activities of its correlation id the trace holds: the kernels, copies, memsets it replayed."""
+    launches = cpu[cpu.name.isin(GRAPH_LAUNCHES)]
+    replayed = gpu[gpu.correlation > 0].correlation.value_counts()
+    return launches.correlation.map(replayed).fillna(0).astype(int)
+
+
+def missing_work(replays, unlinked, gpu):
+    """Why the GPU's figures would leave work out, a clause each (none where nothing is missing):
+    graph launches whose kernels the trace lacks, GPU activities inside the span linked to none."""
+    empty = int((replays == 0).sum())
+    inside = (unlinked.end > gpu.start.min()) & (unlinked.start < gpu.end.max())
+    reasons = []
+    if empty:
+        reasons.append(f'{empty} of {len(replays)} CUDA-graph launches in the timed windows have '
+                       'no kernel in the trace (the profiler did not record what they replayed)')
+    if inside.any():
+        reasons.append(f'{int(inside.sum())} GPU activities inside the span are linked to no '
+                       'launch')
+    return reasons
+
+
 KINDS = ('matmul/conv', 'triton fused', 'copy/memset', 'other')
 
 
-def gpu_figures(gpu):
-    """The GPU's time over the windows' work: milliseconds and calls by kind, span, busy, idle."""
+def gpu_figures(gpu, missing):
+    """The GPU's time over the windows' work: milliseconds and calls by kind (what was found),
+    span, busy and idle; these three None where work is missing (missing: why), as they would
+    be wrong, not merely smaller."""
     span, busy, idle = busy_and_idle(list(zip(gpu.start, gpu.end)))
     by_kind = gpu.groupby('kind').ms.agg(['sum', 'size'])
-    return dict(gpu_activities=len(gpu), span_ms=span / 1e6, busy_ms=busy / 1e6,
-                idle_ms=idle / 1e6,
+    complete = not missing
+    return dict(gpu_activities=len(gpu), gpu_figures_complete=complete, gpu_work_missing=missing,
+                span_ms=span / 1e6 if complete else None,
+                busy_ms=busy / 1e6 if complete else None,
+                idle_ms=idle / 1e6 if complete else None,
                 kernel_ms_by_kind={k: float(by_kind['sum'].get(k, 0.0)) for k in KINDS},
                 calls_by_kind={k: int(by_kind['size'].get(k, 0)) for k in KINDS})
 
@@ -532,7 +580,6 @@ def host_figures(cpu, windows, steps):
               for kind, rows in cpu[cpu.range.notna()].groupby('range')}
     return dict(
         kernel_launches_per_step=per_step(int(cpu.name.isin(KERNEL_LAUNCHES).sum()), steps),
-        graph_launches_per_step=per_step(int(cpu.name.isin(GRAPH_LAUNCHES).sum()), steps),
         synchronizations=len(waits), waiting_ms=waiting / 1e6,
         cpu_ms_per_step=host / 1e6 / steps,
         cpu_ms_per_step_inside={k: ms / steps for k, ms in ranges.items() if k not in RUN_SOURCES},
@@ -540,11 +587,17 @@ def host_figures(cpu, windows, steps):
 
 
 def trace_summary(frame, steps):
-    """The trace's figures over its timed windows (gpu_figures, host_figures)."""
+    """The trace's figures over its timed windows (gpu_figures, host_figures, the graphs')."""
     windows = frame_windows(frame)
     gpu, unlinked = gpu_work_in_windows(frame, windows)
-    return dict(steps=steps, windows=len(windows), unlinked_gpu_activities=unlinked,
-                **gpu_figures(gpu), **host_figures(host_ranges(frame, windows), windows, steps))
+    cpu = host_ranges(frame, windows)
+    replays = graph_replays(cpu, gpu)
+    return dict(steps=steps, windows=len(windows), unlinked_gpu_activities=len(unlinked),
+                graph_launches_per_step=per_step(len(replays), steps),
+                graph_kernels_per_step=per_step(int(replays.sum()), steps),
+                graph_launches_without_kernels=int((replays == 0).sum()),
+                **gpu_figures(gpu, missing_work(replays, unlinked, gpu)),
+                **host_figures(cpu, windows, steps))
 
 
 def kernel_table(gpu):
@@ -827,18 +880,29 @@ def count_tables(rows):
     return main, sources
 
 
+def gpu_time_line(s):
+    """The GPU's busy and idle time over the span, or why they are incomplete (not printed)."""
+    found = (f'{s["gpu_activities"]} GPU activities ({s["unlinked_gpu_activities"]} in the trace '
+             'not linked to a launch, left out)')
+    if not s['gpu_figures_complete']:
+        return (f'GPU busy and idle time: incomplete, not printed: '
+                f'{"; ".join(s["gpu_work_missing"])}; {found}')
+    return (f'GPU span {s["span_ms"]:.1f} ms: busy {s["busy_ms"]:.1f} ms, idle between kernels '
+            f'{s["idle_ms"]:.1f} ms; {found}')
+
+
 def trace_report(name, summary, seconds, flops, peak, device_name):
     """The trace's figures as lines of text (flops: a count, or why there is none)."""
     s = summary
     lines = [f'{name} on {device_name}, torch {torch.__version__}: one timed run, {s["steps"]} '
              f'steps, {s["windows"]} timed windows, {seconds:.3f} s timed (its own timer)',
-             f'GPU span {s["span_ms"]:.1f} ms: busy {s["busy_ms"]:.1f} ms, idle between kernels '
-             f'{s["idle_ms"]:.1f} ms; {s["gpu_activities"]} GPU activities '
-             f'({s["unlinked_gpu_activities"]} not linked to a launch, left out)',
-             'kernel time by kind: ' + ', '.join(
-                 f'{kind} {ms:.1f} ms' for kind, ms in s['kernel_ms_by_kind'].items()),
+             gpu_time_line(s),
+             'kernel time by kind' + ('' if s['gpu_figures_complete'] else ' (incomplete)')
+             + ': ' + ', '.join(f'{kind} {ms:.1f} ms in {s["calls_by_kind"][kind]} calls'
+                                for kind, ms in s['kernel_ms_by_kind'].items()),
              f'per step: {s["kernel_launches_per_step"]:.1f} kernel launches, '
-             f'{s["graph_launches_per_step"]:.2f} CUDA-graph launches, '
+             f'{s["graph_launches_per_step"]:.2f} CUDA-graph launches replaying '
+             f'{s["graph_kernels_per_step"]:.1f} kernels, copies and memsets, '
              f'{s["cpu_ms_per_step"]:.3f} ms of CPU ({s["synchronizations"]} synchronizations '
              f'waited {s["waiting_ms"]:.1f} ms in all)',
              'CPU ms inside ranges, per step: ' + ', '.join(
@@ -927,6 +991,17 @@ def count_command(options):
                                     'counts.csv': pd.json_normalize(rows)})
 
 
+def exported_frame(prof, keep_in=None):
+    """The profile's events as trace_frame reads them from its Chrome trace: written into the
+    folder keep_in (as trace.json) where given, else into a temporary one."""
+    with tempfile.TemporaryDirectory(prefix='profile_run-') as scratch:
+        folder = keep_in or scratch
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, 'trace.json')
+        prof.export_chrome_trace(path)
+        return trace_frame(path)
+
+
 def trace_command(options):
     kind, target = resolve(options.script)
     device = torch.device(options.device)
@@ -942,7 +1017,7 @@ def trace_command(options):
     else:
         mode = 'trace-cuda' if device.type == 'cuda' else 'trace-cpu'
         steps, seconds, prof = run_published(target, options, recorder, activities, mode)
-    frame = event_frame(prof)
+    frame = exported_frame(prof, options.out if options.chrome_trace else None)
     summary = trace_summary(frame, steps)
     shrunk = options.batch_size or options.widths or options.epochs
     flops = 'not counted for a run shrunk by --batch-size, --widths or --epochs' if shrunk else \
@@ -958,8 +1033,6 @@ def trace_command(options):
                        device=device_name, torch=torch.__version__)
         write_outputs(options.out, {'summary.json': json.dumps(summary, indent=2),
                                     'kernels.csv': kernel_table(gpu)})
-        if options.chrome_trace:
-            prof.export_chrome_trace(os.path.join(os.path.abspath(options.out), 'trace.json'))
 
 
 def widths(text):
@@ -1020,6 +1093,8 @@ def parse_args(argv):
     options.out = options.out and os.path.abspath(options.out)  # published scripts run elsewhere
     if options.command == 'trace':
         options.data_dir = options.data_dir and os.path.abspath(options.data_dir)
+        if options.chrome_trace and not options.out:
+            parser.error('--chrome-trace writes OUT/trace.json: give --out OUT')
     if options.command == 'count':
         options.data_dir = None
         if options.as_published:

@@ -1,14 +1,15 @@
 """tools/profile_run.py: the CPU count on a toy run whose counts are known by construction (and a
 host synchronization put in its timed window, counted), the arithmetic of a CUDA trace on
-synthetic kernel events (kinds, idle time, launches per step, CPU time, FLOP fraction), its bad
-input refused in one line; slow: the count of airbench94_hiverge itself, and of a stand-in
+synthetic Chrome traces as kineto writes them (kinds, idle time, CUDA-graph launches and the
+kernels they replayed, the figures declared incomplete where a graph's kernels are missing,
+launches per step, CPU time, FLOP fraction), a real CPU profile read back from its Chrome trace,
+bad input refused in one line; slow: the count of airbench94_hiverge itself, and of a stand-in
 published script run through the published scripts' path."""
 import contextlib
 import json
 import subprocess
 import sys
 
-import pandas as pd
 import pytest
 import torch
 
@@ -176,59 +177,166 @@ def test_busy_and_idle_time_of_overlapping_kernels():
     assert profile_run.busy_and_idle([]) == (0, 0, 0)
 
 
-MS = 1_000_000  # ns
+def trace_event(name, cat, start, end, **args):
+    """A complete event as kineto writes it into a Chrome trace: times in microseconds (here
+    given in ms), its ids in args ('External id': external=, CUPTI's correlation=, a graph's
+    node: graph_id=, graph_node_id=)."""
+    renamed = {'external': 'External id', 'graph_id': 'graph id', 'graph_node_id': 'graph node id'}
+    return {'ph': 'X', 'cat': cat, 'name': name, 'pid': 0 if 'gpu' in cat or cat == 'kernel'
+            else 4242, 'tid': 7, 'ts': start * 1000.0, 'dur': (end - start) * 1000.0,
+            'args': {renamed.get(key, key): value for key, value in args.items()}}
 
 
-def synthetic_trace():
-    """A run's events as the trace's frame holds them: a timed window from 100 to 1000 ms, its
-    launches (by flow id, by the CPU operator they belong to, one linked to nothing), a CUDA
-    graph's two kernels, a launch after the window, a synchronization, ranges (one mirrored on
-    the GPU) and an operator before the window whose flow id (of another kind) a kernel's
-    shares."""
-    cpu = [('aten::addmm', 'cpu_op', 50, 60, 14, 0, 1),  # a flow of another kind (fwdbwd)
-           ('airbench: timed start', 'user_annotation', 100, 100, 1, 0, 0),
-           ('airbench: whitening', 'user_annotation', 105, 115, 13, 0, 0),
-           ('airbench: optimizer', 'user_annotation', 120, 140, 2, 0, 0),
-           ('cudaLaunchKernel', 'cuda_runtime', 150, 151, 3, 20, 1),
-           ('cudaLaunchKernel', 'cuda_runtime', 160, 161, 4, 20, 2),
-           ('Torch-Compiled Region: 0/0', 'user_annotation', 165, 175, 5, 0, 0),
-           ('cudaGraphLaunch', 'cuda_runtime', 170, 172, 6, 5, 4),
-           ('Optimizer.step#SGD.step', 'user_annotation', 180, 190, 7, 0, 0),
-           ('aten::mm', 'cpu_op', 500, 510, 77, 0, 0),
-           ('cudaDeviceSynchronize', 'cuda_runtime', 900, 990, 8, 0, 0),
-           ('airbench: timed stop', 'user_annotation', 1000, 1000, 9, 0, 0),
-           ('cudaLaunchKernel', 'cuda_runtime', 2000, 2001, 10, 0, 3)]
-    gpu = [('sm90_xmma_fprop_implicit_gemm', 'kernel', 200, 300, 1, 20, 1),
-           ('triton_poi_fused_add_0', 'kernel', 310, 330, 2, 20, 2),
-           ('triton_red_fused_sum_1', 'kernel', 400, 450, 4, 5, 4),
-           ('Memset (Device)', 'gpu_memset', 460, 470, 4, 5, 4),
-           ('nvjet_hsh_128x256', 'kernel', 600, 700, 11, 77, 0),
-           ('triton_poi_fused_mul_2', 'kernel', 2100, 2200, 3, 0, 3),  # launched after the window
-           ('void unlinked_kernel', 'kernel', 800, 810, 12, 0, 0),
-           ('airbench: optimizer', 'gpu_user_annotation', 120, 140, 15, 2, 0)]  # not work
-    rows = [dict(name=n, device=d, activity=a, start=s * MS, end=e * MS, correlation=c,
-                 linked=link, flow=f) for d, events in (('cpu', cpu), ('cuda', gpu))
-            for n, a, s, e, c, link, f in events]
-    return pd.DataFrame(rows)
+def flow(name, correlation, start, kernel_start):
+    """A flow arrow from a host call to a GPU activity, as kineto draws them (the tool reads the
+    correlation ids instead)."""
+    return [{'ph': 's', 'cat': name, 'name': name, 'id': correlation, 'pid': 4242, 'tid': 7,
+             'ts': start * 1000.0},
+            {'ph': 'f', 'bp': 'e', 'cat': name, 'name': name, 'id': correlation, 'pid': 0,
+             'tid': 7, 'ts': kernel_start * 1000.0}]
 
 
-def test_trace_figures_of_a_synthetic_run():
-    summary = profile_run.trace_summary(synthetic_trace(), steps=2)
-    assert summary['windows'] == 1 and summary['gpu_activities'] == 5
+# A timed window from 100 to 1000 ms of 2 steps: an eager cuDNN convolution (cudaLaunchKernel), a
+# Triton kernel inside its launcher's CPU range of the same name (cuLaunchKernel), two CUDA-graph
+# launches each replaying two activities under its own correlation id (one overlaps the other
+# graph's memset), a kernel linked by its operator only, one linked to nothing, one launched after
+# the window, a range mirrored on the GPU, and an operator before the window whose External id is
+# the convolution's correlation id (another id space)
+HOST = [trace_event('aten::addmm', 'cpu_op', 50, 60, external=1),
+        trace_event('airbench: timed start', 'user_annotation', 100, 100, external=2),
+        trace_event('airbench: whitening', 'user_annotation', 105, 115, external=3),
+        trace_event('airbench: optimizer', 'user_annotation', 120, 140, external=4),
+        trace_event('cudaLaunchKernel', 'cuda_runtime', 150, 151, correlation=1, external=4),
+        trace_event('triton_poi_fused_add_0', 'cpu_op', 159, 162, external=5),
+        trace_event('cuLaunchKernel', 'cuda_driver', 160, 161, correlation=2, external=5),
+        trace_event('Torch-Compiled Region: 0/0', 'user_annotation', 165, 175, external=6),
+        trace_event('cudaGraphLaunch', 'cuda_runtime', 170, 172, correlation=3, external=6),
+        trace_event('Torch-Compiled Region: 1/0', 'user_annotation', 176, 185, external=7),
+        trace_event('cudaGraphLaunch', 'cuda_runtime', 180, 182, correlation=8, external=7),
+        trace_event('Optimizer.step#SGD.step', 'user_annotation', 190, 200, external=9),
+        trace_event('aten::mm', 'cpu_op', 500, 510, external=10),
+        trace_event('cudaDeviceSynchronize', 'cuda_runtime', 900, 990, correlation=11),
+        trace_event('airbench: timed stop', 'user_annotation', 1000, 1000, external=12),
+        trace_event('cudaLaunchKernel', 'cuda_runtime', 2000, 2001, correlation=13)]
+GPU = [trace_event('sm90_xmma_fprop_implicit_gemm', 'kernel', 200, 300, correlation=1,
+                   external=4),
+       trace_event('triton_poi_fused_add_0', 'kernel', 310, 330, correlation=2, external=5),
+       trace_event('triton_red_fused_sum_1', 'kernel', 400, 450, correlation=3, external=6,
+                   graph_id=1, graph_node_id=10),
+       trace_event('Memset (Device)', 'gpu_memset', 460, 470, correlation=3, external=6,
+                   graph_id=1, graph_node_id=11),
+       trace_event('sm90_xmma_fprop_implicit_gemm', 'kernel', 465, 520, correlation=8,
+                   external=7, graph_id=2, graph_node_id=20),
+       trace_event('triton_red_fused_sum_1', 'kernel', 520, 530, correlation=8, external=7,
+                   graph_id=2, graph_node_id=21),
+       trace_event('nvjet_hsh_128x256', 'kernel', 600, 700, external=10),
+       trace_event('void unlinked_kernel', 'kernel', 800, 810, correlation=99),
+       trace_event('triton_poi_fused_mul_2', 'kernel', 2100, 2200, correlation=13),
+       trace_event('airbench: optimizer', 'gpu_user_annotation', 120, 140, external=4)]
+FLOWS = [arrow for correlation, start, kernel in ((1, 150, 200), (2, 160, 310), (3, 170, 400),
+                                                 (3, 170, 460), (8, 180, 465), (8, 180, 520))
+         for arrow in flow('ac2g', correlation, start, kernel)] + flow('fwdbwd', 1, 50, 200)
+GRAPH_CORRELATIONS = {3, 8}
+
+
+def trace_of(tmp_path, events):
+    """The figures tools/profile_run.py reads from a Chrome trace of these events, 2 steps."""
+    path = tmp_path / 'trace.json'
+    path.write_text(json.dumps({'schemaVersion': 1, 'traceEvents': events}))
+    return profile_run.trace_summary(profile_run.trace_frame(path), steps=2)
+
+
+def report(summary):
+    return profile_run.trace_report('synthetic', summary, 0.9, 'not counted', None, 'a GPU')
+
+
+def test_trace_figures_of_a_synthetic_run_with_cuda_graphs(tmp_path):
+    """Every kernel counts where the host launched it in the window: the graphs' by their
+    launches' correlation ids, the Triton kernel although a CPU range has its name."""
+    summary = trace_of(tmp_path, HOST + GPU + FLOWS)
+    assert summary['windows'] == 1 and summary['gpu_activities'] == 7
     assert summary['unlinked_gpu_activities'] == 1
-    assert summary['kernel_ms_by_kind'] == {'matmul/conv': 200, 'triton fused': 70,
+    assert summary['kernel_ms_by_kind'] == {'matmul/conv': 255, 'triton fused': 80,
                                             'copy/memset': 10, 'other': 0}
-    assert (summary['span_ms'], summary['busy_ms'], summary['idle_ms']) == (500, 280, 220)
+    assert summary['calls_by_kind'] == {'matmul/conv': 3, 'triton fused': 3, 'copy/memset': 1,
+                                        'other': 0}
+    assert summary['gpu_figures_complete'] and summary['gpu_work_missing'] == []
+    # busy: 200-300, 310-330, 400-450, 460-530 (a memset and a kernel overlapping), 600-700
+    assert (summary['span_ms'], summary['busy_ms'], summary['idle_ms']) == (500, 340, 160)
     assert summary['kernel_launches_per_step'] == 1.0  # 2 in the window, one after it
-    assert summary['graph_launches_per_step'] == 0.5
+    assert summary['graph_launches_per_step'] == 1.0 and summary['graph_kernels_per_step'] == 2.0
+    assert summary['graph_launches_without_kernels'] == 0
     assert (summary['synchronizations'], summary['waiting_ms']) == (1, 90)
     assert summary['cpu_ms_per_step'] == (900 - 90) / 2
-    assert summary['cpu_ms_per_step_inside'] == {'optimizer': 15.0, 'compiled regions': 5.0}
+    assert summary['cpu_ms_per_step_inside'] == {'optimizer': 15.0, 'compiled regions': 9.5}
     assert summary['cpu_ms_per_run_inside'] == {'whitening': 10.0}
+    lines = report(summary)
+    assert lines[1] == ('GPU span 500.0 ms: busy 340.0 ms, idle between kernels 160.0 ms; 7 GPU '
+                        'activities (1 in the trace not linked to a launch, left out)')
+    assert '1.00 CUDA-graph launches replaying 2.0 kernels, copies and memsets' in lines[3]
+    path = tmp_path / 'trace.json'
+    frame = profile_run.trace_frame(path)
     table = profile_run.kernel_table(profile_run.gpu_work_in_windows(
-        synthetic_trace(), [(100 * MS, 1000 * MS)])[0])
-    assert list(table.name[:2]) == ['nvjet_hsh_128x256', 'sm90_xmma_fprop_implicit_gemm']
-    assert table.calls.sum() == 5
+        frame, profile_run.frame_windows(frame))[0])
+    assert list(table.name[:2]) == ['sm90_xmma_fprop_implicit_gemm', 'nvjet_hsh_128x256']
+    assert list(table.calls[:2]) == [2, 1] and table.calls.sum() == 7
+
+
+@pytest.mark.parametrize('lost, empty', [(GRAPH_CORRELATIONS, 2), ({8}, 1)])
+def test_graph_launches_without_their_kernels_make_the_figures_incomplete(tmp_path, lost, empty):
+    """As where the profiler did not record what the graphs replayed: their launches are in the
+    trace, their kernels are not; busy and idle time are not given, and the report says why."""
+    kept = [e for e in GPU if e['args'].get('correlation') not in lost]
+    summary = trace_of(tmp_path, HOST + kept)
+    assert not summary['gpu_figures_complete']
+    assert summary['gpu_work_missing'] == [
+        f'{empty} of 2 CUDA-graph launches in the timed windows have no kernel in the trace (the '
+        'profiler did not record what they replayed)']
+    assert summary['span_ms'] is summary['busy_ms'] is summary['idle_ms'] is None
+    assert summary['graph_launches_without_kernels'] == empty
+    assert summary['graph_kernels_per_step'] == (2 - empty) * 2 / 2
+    lines = report(summary)
+    assert lines[1].startswith('GPU busy and idle time: incomplete, not printed: '
+                               f'{empty} of 2 CUDA-graph launches')
+    assert 'span' not in lines[1] and lines[2].startswith('kernel time by kind (incomplete): ')
+
+
+def test_activities_linked_to_no_launch_inside_the_span_make_the_figures_incomplete(tmp_path):
+    moved = [trace_event('void unlinked_kernel', 'kernel', 480, 490, correlation=99)]
+    summary = trace_of(tmp_path, HOST + GPU[:7] + moved)
+    assert summary['gpu_work_missing'] == ['1 GPU activities inside the span are linked to no '
+                                           'launch']
+    assert summary['busy_ms'] is None
+
+
+def test_trace_times_are_read_exactly(tmp_path):
+    """Kineto writes microseconds with 3 decimals, since the epoch in older torch: nanoseconds
+    that a float would round."""
+    path = tmp_path / 'trace.json'
+    path.write_text('{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", '
+                    '"ts": 1764288000123456.789, "dur": 0.003, "args": {"correlation": 5}}]}')
+    frame = profile_run.trace_frame(path)
+    assert (frame.start[0], frame.end[0]) == (1764288000123456789, 1764288000123456792)
+    assert frame.correlation[0] == 5 and frame.external[0] == 0
+
+
+def test_a_real_cpu_profile_reads_back_from_its_chrome_trace(tmp_path):
+    """The markers and ranges as this torch exports them: one window, its whitening range, its
+    operators on the host."""
+    recorder = profile_run.Recorder()
+
+    def run():
+        recorder.toggle()
+        with profile_run.record_function(profile_run.LABEL + 'whitening'):
+            torch.ones(4, 4).mm(torch.ones(4, 4))
+        recorder.toggle()
+    _, prof = profile_run.profiled(recorder, run, [profile_run.ProfilerActivity.CPU])
+    frame = profile_run.exported_frame(prof, str(tmp_path))
+    assert (tmp_path / 'trace.json').exists()
+    summary = profile_run.trace_summary(frame, steps=1)
+    assert summary['windows'] == 1 and set(summary['cpu_ms_per_run_inside']) == {'whitening'}
+    assert 'aten::mm' in set(frame.name[frame.activity == 'cpu_op'])
+    assert summary['gpu_activities'] == 0 and summary['graph_launches_per_step'] == 0
 
 
 def test_flop_fraction_and_the_peaks_of_known_gpus():
@@ -256,7 +364,8 @@ def test_windows_pair_up_and_steps_divide():
     (['count', 'airbench_nonexistent'], 'neither one of ours'),
     (['count', 'airbench94', '--widths', '2,8'], 'three positive widths'),
     (['count', 'airbench94', '--batch-size', '0'], 'a positive number'),
-    (['trace', 'airbench94', '--peak-tflops', 'x'], 'a positive number')])
+    (['trace', 'airbench94', '--peak-tflops', 'x'], 'a positive number'),
+    (['trace', 'airbench94', '--chrome-trace'], '--chrome-trace writes OUT/trace.json')])
 def test_bad_input_is_refused_in_one_line(argv, message, capsys):
     with pytest.raises(SystemExit) as stopped:
         profile_run.main(argv)
