@@ -8,9 +8,10 @@ imports only from its own layer and the layers below it (tests/engine/test_study
    intervals. variance: test-set and distribution-wise standard deviations between runs and the
    class-aggregated calibration error of the ensemble of runs, one run at a time (EnsembleTally).
 2. The study directory. errors: the errors and their exit statuses. records: RunRecord and
-   FailedTry, from the process that trains a run to its file. files: the directory's files
-   (records, failed tries, outputs), which runs are finished, atomic writes. config: what a study
-   is, Config and Study, from the command line to study.json and back.
+   FailedTry, from the process that trains a run to its file, and CompileRecord. files: the
+   directory's files (records, failed tries, outputs, compile records), which runs are finished,
+   atomic writes. config: what a study is, Config and Study, from the command line to
+   study.json and back.
 3. The reports. tables: a study as a pandas table, its saved outputs read on lookup, its ensemble
    tallies. analysis: what a study compares and how (configurations, comparisons by design, epoch
    curves), each analysis alone. looks: the looks at a study's results, and whether its claims
@@ -22,9 +23,11 @@ imports only from its own layer and the layers below it (tests/engine/test_study
    warmup's dummy data. device: device and precision, the allocator setting, torch.compile's
    graphs and recompile limits, and where runs happen (hosts, device models, versions).
    distribute: the processes' shared key-value store, queue, leases and heartbeats. runs: each
-   run's seeds, training one run, its RunRecord and outputs. collect: rank 0 writing what the
-   processes publish. plan: each process's setup, DIR's lock, study.json checked and extended,
-   rank 0's checks and the runs to train. launch: the work loop of a launch.
+   run's seeds, training one run, its RunRecord and outputs, the warmups. compiling: the
+   configurations compiled once per machine before the runs, each in a process of its own.
+   collect: rank 0 writing what the processes publish. plan: each process's setup, DIR's lock,
+   study.json checked and extended, rank 0's checks and the runs to train. launch: the work loop
+   of a launch.
 5. The command line. cli: every flag of study.py (configurations, grids, the flags after `--`,
    `study.py report`'s) parsed into Configs and namespaces, and main: a launch or a report, what it
    says and its exit status.
@@ -33,6 +36,7 @@ LAYERS = [
     ['stats.inference', 'stats.fits', 'stats.variance'],
     ['errors', 'records', 'files', 'config'],
     ['tables', 'analysis', 'looks', 'markdown', 'plots', 'report'],
-    ['hyp', 'scripts', 'data', 'device', 'distribute', 'runs', 'collect', 'plan', 'launch'],
+    ['hyp', 'scripts', 'data', 'device', 'distribute', 'runs', 'compiling', 'collect', 'plan',
+     'launch'],
     ['cli'],
 ]

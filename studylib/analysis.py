@@ -84,6 +84,27 @@ def between_runs(runs):
     return found
 
 
+def compile_costs(records):
+    """What compiling cost a launch, from its CompileRecords: per configuration and stage (its own
+    process before the runs; the processes' warmups), the processes, their seconds (mean and
+    largest), the graphs dynamo traced (the most in one process), inductor's graphs compiled anew
+    and loaded from its cache (over all the processes) and how each process's stage went (cache,
+    compiled, eager, failed: studylib.records.CompileRecord.came_from)."""
+    if not records:
+        return []
+    table = pd.DataFrame([dict(record.to_json(), came_from=record.came_from())
+                          for record in records])
+    costs = []
+    for (config, stage), group in table.groupby(['config', 'stage'], sort=False):
+        costs.append(dict(config=config, stage=stage, processes=len(group),
+                          seconds_mean=float(group['seconds'].mean()),
+                          seconds_max=float(group['seconds'].max()),
+                          graphs=int(group['graphs'].max()), compiled=int(group['compiled'].sum()),
+                          from_cache=int(group['from_cache'].sum()),
+                          came_from=group['came_from'].value_counts().sort_index().to_dict()))
+    return costs
+
+
 def diverged_accuracies(runs, config):
     """The accuracies a configuration's diverged runs ended with (a record counts every run)."""
     if not len(runs) or 'diverged' not in runs:

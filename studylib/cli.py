@@ -11,6 +11,7 @@ import sys
 import threading
 
 from . import report
+from .compiling import usable_cores
 from .config import Config
 from .data import DATASETS
 from .distribute import StoreLost, World
@@ -70,6 +71,10 @@ def study_parser(description):
         'split) and evaluate on them; test accuracy is recorded too')
     add('--lost-after', type=float, default=300, metavar='SECONDS', help='give up a run whose '
         'process has sent no heartbeat for this long (a lost machine)')
+    add('--compile-jobs', type=int, default=usable_cores(), metavar='N', help='before the runs, '
+        'compile the configurations whose networks compile (a compiled script\'s) once per '
+        'machine, each in a process of its own, N at once (default: this machine\'s cores); 0: '
+        'each process compiles in its own warmups')
     return parser
 
 
@@ -170,6 +175,9 @@ def parse_args(argv):
         raise StudyError(f'--train-subset is a fraction in (0, 1], not {args.train_subset}')
     if args.val_split < 0:
         raise StudyError(f'--val-split is a number of images, not {args.val_split}')
+    if args.compile_jobs < 0:
+        raise StudyError(f'--compile-jobs is a number of processes (0: none), not '
+                         f'{args.compile_jobs}')
     if not args.lost_after > 0:
         raise StudyError(f'--lost-after is a positive number of seconds, not {args.lost_after}')
     typed, args.script = args.script, script_label(script_path(args.script))

@@ -9,8 +9,8 @@ import time
 
 from .config import Study
 from .files import (Damaged, atomic_write, failure_path, outputs_path, read_failures,
-                    record_path, scan_runs, set_aside)
-from .records import FailedTry, Message
+                    record_path, scan_runs, set_aside, write_compiles)
+from .records import CompileRecord, FailedTry, Message
 
 
 class Collector:
@@ -20,6 +20,9 @@ class Collector:
 
     def __init__(self, world, plan, study_dir):
         self.store, self.jobs, self.study_dir = world.store, plan['jobs'], study_dir
+        self.launch, self.world_size = plan['launch'], world.size
+        self.compile_records = []  # every process's CompileRecords, as each publishes them
+        self.compiles_from = set()  # the ranks whose CompileRecords are written
         self.total, self.written, self.failed = plan['total'], set(), {}
         self.finished_before = plan['total'] - len(plan['jobs'])
         self.start_time = time.perf_counter()
@@ -64,8 +67,23 @@ class Collector:
         if self.done_below != start or start == 0:
             self.store.set('done_below', str(self.done_below))
 
+    def collect_compiles(self):
+        """Write DIR/compiles/LAUNCH.json anew when processes have published their CompileRecords
+        (each once, after its warmups; until all have, a look at each that has not)."""
+        if len(self.compiles_from) == self.world_size:
+            return
+        ranks = [rank for rank in range(self.world_size) if rank not in self.compiles_from and
+                 self.store.check(f'compiles/{rank}/count')]
+        for rank in ranks:
+            content = json.loads(self.store.get_large(f'compiles/{rank}'))
+            self.compile_records += [CompileRecord.from_json(entry) for entry in content]
+            self.compiles_from.add(rank)
+        if ranks:
+            write_compiles(self.study_dir, self.launch, self.compile_records)
+
     def collect(self):
         """Write every record published so far; the number written."""
+        self.collect_compiles()
         count = 0
         for index in self.pending():
             if not self.store.check(f'lease/{index}'):

@@ -8,7 +8,7 @@ import re
 import zipfile
 
 from .errors import StorageError, StudyError
-from .records import RunRecord
+from .records import CompileRecord, RunRecord
 
 RUN_FILE = re.compile(r'(\d{5,})\.json')          # a finished run's record, RUN.json
 FAILURE_FILE = re.compile(r'(\d{5,})\.failed\.json')  # the failed tries of a run
@@ -64,6 +64,27 @@ def failure_path(study_dir, config, run):
 def outputs_path(study_dir, config, run):
     """A run's saved outputs (logits, subset mask), beside its record."""
     return os.path.join(config_dir(study_dir, config), f'{run:05d}.pt')
+
+
+def compiles_path(study_dir, launch):
+    """What compiling each configuration cost each process of a launch: a list of CompileRecord."""
+    return os.path.join(study_dir, 'compiles', f'{launch}.json')
+
+
+def write_compiles(study_dir, launch, records):
+    path = compiles_path(study_dir, launch)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    atomic_write(path, json.dumps([record.to_json() for record in records], indent=2))
+
+
+def read_compiles(study_dir, launch):
+    """The CompileRecords of a launch ([] where it wrote none: a launch of an older study.py, or
+    one stopped before its warmups); a file that cannot be read counts none (it only informs)."""
+    try:
+        content = load_json(compiles_path(study_dir, launch))
+        return [CompileRecord.from_json(entry) for entry in content]
+    except (ValueError, TypeError, AttributeError):
+        return []
 
 
 @dataclasses.dataclass(frozen=True)

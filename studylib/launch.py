@@ -12,6 +12,7 @@ import torch
 
 from . import report
 from .collect import Collector
+from .compiling import Compiler
 from .device import prepare_device, recompile_limits
 from .distribute import MAX_ATTEMPTS, Heartbeat, Liveness, Queue, StoreLost, World
 from .errors import ReportFailed, RunsFailed, Stopped, StudyError
@@ -169,7 +170,13 @@ def train_and_report(args, world, command, replacing):
     try:
         with recompile_limits(len(process.configs)) as recompile_limit_hits:
             runner = Runner(args, process, world, plan['launch'], recompile_limit_hits)
-            runner.warm_up(sorted({config for config, _ in plan['jobs']}))
+            configs = sorted({config for config, _ in plan['jobs']})
+            if process.flags.warmup:
+                runner.compile_records += Compiler(runner, world, args.compile_jobs).compile(
+                    configs)
+            runner.warm_up(configs)
+            world.publish(f'compiles/{world.rank}',
+                          [record.to_json() for record in runner.compile_records])
             work(args, world, plan, runner, collector)
     except BaseException:  # stopped early: what has arrived is kept, and the report written
         report_error = close_launch(args, collector, lock)

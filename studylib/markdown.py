@@ -349,4 +349,22 @@ def report_lines(summary):
                   f"{100 * between['fraction']:.2f}% of a run's {between['run_seconds']:.3g} s "
                   f"({between['gaps']} gaps)") if 'fraction' in between else ''
         lines.append(f"- {launch['started']} ({launch['id']}): {environment}{engine}")
+        lines += compile_lines(launch.get('compiles'))
     return lines + ['', '![accuracy](accuracy.png) ![time](time.png)']
+
+
+def compile_lines(costs):
+    """A launch's compiling, per configuration and stage (analysis.compile_costs), as a table
+    under its line; nothing for a launch that recorded none."""
+    if not costs:
+        return []
+    if missing(costs):
+        return [f"  - compiling: {costs['reason']}"]
+    lines = ['', '  | configuration | stage | processes | seconds (mean, largest) | graphs | '
+             'inductor: compiled, from its cache | each process |', '  |---|---|---|---|---|---|---|']
+    for cost in costs:
+        outcomes = ', '.join(f'{count} {outcome}' for outcome, count in cost['came_from'].items())
+        lines.append(f"  | {cost['config']} | {cost['stage']} | {cost['processes']} | "
+                     f"{cost['seconds_mean']:.1f}, {cost['seconds_max']:.1f} | {cost['graphs']} | "
+                     f"{cost['compiled']}, {cost['from_cache']} | {outcomes} |")
+    return lines + ['']

@@ -142,8 +142,8 @@ def setup_configs(args):
             scripts[config.script] = open_script(config.script)
         script = scripts[config.script]
         try:
-            hyp = config_hyp(script.module.hyp, script.module.HYP_CHOICES,
-                             script.module.HYP_RANGES, args.flags, config.overrides)
+            hyp = config_hyp(script.method.hyp, script.method.HYP_CHOICES,
+                             script.method.HYP_RANGES, args.flags, config.overrides)
         except StudyError as error:
             raise StudyError(f'--config {name}: {error}' if args.config else str(error)) from None
         configs[name] = config.resolved(script.sha256, hyp)

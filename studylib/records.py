@@ -1,6 +1,7 @@
 """A run's record, one type from the process that trains the run to its file in the study directory:
 RunRecord for a finished run (RUN.json), FailedTry for a try that raised or whose process was lost
-(RUN.failed.json). They travel through the store as Message."""
+(RUN.failed.json). They travel through the store as Message. CompileRecord: what compiling a
+configuration cost a process of a launch (DIR/compiles/LAUNCH.json)."""
 import dataclasses
 import json
 import math
@@ -98,6 +99,44 @@ class FailedTry:
         return dict(config=self.config, run=self.run, failed=True,
                     **{key: value for key, value in dataclasses.asdict(self).items()
                        if key not in ('config', 'run')})
+
+
+@dataclass
+class CompileRecord:
+    """What compiling a configuration cost one process of a launch, at one stage: 'before the runs'
+    (a process of its own compiling it into the machine's inductor cache, once per machine) or
+    'warmup' (the untimed warmup of each process that trains it, which loads what that compiled).
+    graphs: graphs dynamo traced; compiled and from_cache: inductor's graphs compiled anew and
+    loaded from its FX graph cache (both 0 where inductor did not compile: an eager script, or
+    another backend); error: why the stage failed, or None."""
+    config: str
+    launch: str
+    stage: str
+    rank: int
+    host: str
+    device: str
+    device_model: str
+    seconds: float
+    graphs: int
+    compiled: int
+    from_cache: int
+    error: str | None = None
+
+    def to_json(self):
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, content):
+        return cls(**{field.name: content.get(field.name) for field in dataclasses.fields(cls)})
+
+    def came_from(self):
+        """In a word: 'cache' (every inductor graph loaded), 'compiled' (at least one compiled
+        anew), 'eager' (nothing compiled: no graph, or no inductor graph) or 'failed'."""
+        if self.error is not None:
+            return 'failed'
+        if self.compiled:
+            return 'compiled'
+        return 'cache' if self.from_cache else 'eager'
 
 
 @dataclass

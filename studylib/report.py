@@ -9,7 +9,7 @@ import os
 
 from . import analysis, looks
 from .errors import StudyError
-from .files import atomic_write
+from .files import atomic_write, read_compiles
 from .markdown import report_lines
 from .plots import plot
 from .tables import ensemble_tallies, failed_runs, load_study, read_study, test_labels
@@ -97,7 +97,9 @@ def summarize(study_dir, target=None, resolve=None, margin=None, time_margin=Non
         variance=analysis.section(variance_analysis, study_dir, runs, settings),
         launches=[dict(id=launch['id'], started=launch['started'],
                        environment=launch['environment'],
-                       between_runs=overhead.get(launch['id']))
+                       between_runs=overhead.get(launch['id']),
+                       compiles=analysis.section(analysis.compile_costs,
+                                                 read_compiles(study_dir, launch['id'])))
                   for launch in study.launches])
     summary['looks'] = analysis.section(looks.looks_analysis, study, runs, summary, given,
                                         looks.read_looks(study_dir))

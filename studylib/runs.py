@@ -10,13 +10,14 @@ import io
 import json
 import math
 import socket
+import time
 
 import torch
 
 from .data import dummy_dataset
-from .device import compiled_graph_count, device_model
+from .device import compile_counts, compiled_graph_count, device_model
 from .errors import RunsFailed
-from .records import RunRecord
+from .records import CompileRecord, RunRecord
 
 
 SOURCES = ('init', 'order', 'aug')  # the sources of randomness of the scripts' source_seeds
@@ -136,6 +137,37 @@ def evaluation_settings(infer, arch):
     return {name: arch[name] for name in parameters if name in arch and name != 'tta_level'}
 
 
+def normalized_images(script, images, hyp, mean, std, precision):
+    """Test images (uint8, N x 32 x 32 x 3, on the device) as the script's own loader normalizes
+    them, as its train() normalizes its test images."""
+    dtype = torch.float16 if precision == 'fp16' else torch.float32
+    loader = script.CifarLoader(images, None, len(images), mean, std, hyp['aug'], dtype)
+    return loader.normalize(loader.images)
+
+
+def evaluation_logits(script, hyp, net, images, tta_level, device, precision):
+    """A trained network's logits (fp32) for normalized images, evaluated as the script's train()
+    evaluates: its infer, with the entries of hyp['net'] that infer takes."""
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=(precision == 'bf16'))
+    settings = evaluation_settings(script.infer, hyp['net'])
+    return script.infer(net, images, tta_level, autocast, **settings)
+
+
+def warm_up_network(script, hyp, net, device, precision, dummy, test_images, save_plain,
+                    epoch_eval):
+    """One untimed run of the script's train() on dummy data (allocation, kernel choices,
+    compilation), then the evaluations of the run's outputs where the study makes them: the
+    normalized test_images (None: none) with the configuration's TTA, and plain if save_plain."""
+    result = script.train(dummy, hyp, device, precision, script.source_seeds(0), net,
+                          epoch_eval=epoch_eval)
+    if test_images is None:
+        return
+    evaluation_logits(script, hyp, result['net'], test_images, hyp['net']['tta_level'], device,
+                      precision)
+    if save_plain:
+        evaluation_logits(script, hyp, result['net'], test_images, 0, device, precision)
+
+
 def warmup_key(script_path, hyp):
     """What first-call costs depend on (compiled graphs, kernel choices): the script and its hyp,
     whatever the number of epochs."""
@@ -156,12 +188,13 @@ class Runner:
         self.recompile_limit_hits = recompile_limit_hits  # studylib.device.recompile_limits's
         self.configs, self.scripts = process.configs, process.scripts
         self.flags = process.flags  # the flags after --: the same for every configuration
-        self.source_seeds = process.scripts[args.script].module.source_seeds  # runs stay paired
+        self.source_seeds = process.scripts[args.script].method.source_seeds  # runs stay paired
         self.device, self.precision, data = process.device, process.precision, process.data
         self.device_model = device_model(self.device)
         self.nets = []  # (script, the hyp['net'] entries it was built from, network)
         self.warmed_up = set()  # warmup_key of every (script, hyp) warmed up
         self.variants = ForwardVariants()
+        self.compile_records = []  # CompileRecord of each warmup (and compile before the runs)
         self.test_inputs = {}  # the normalized test images by script: the same for every run
         on_device = lambda split: {key: value.to(self.device) for key, value in split.items()}
         self.train_split, self.test_split = on_device(data['train']), on_device(data['test'])
@@ -185,7 +218,7 @@ class Runner:
             if path == script.path and all(arch[key] == value for key, value in entries.items()):
                 return net
         seen = EntriesRead(arch)
-        net = script.module.build_net(seen, len(self.data['classes']), self.device, self.precision)
+        net = script.method.build_net(seen, len(self.data['classes']), self.device, self.precision)
         self.nets.append((script.path, {key: arch[key] for key in seen.read}, net))
         return net
 
@@ -198,49 +231,60 @@ class Runner:
 
     def warm_up(self, configs):
         """Before the first timed run, one untimed run on dummy data of every (script, hyp) that
-        the study will train: allocation, kernel choices and compilation happen here."""
+        the study will train, with the evaluations of its outputs: allocation, kernel choices and
+        compilation (or loading what was compiled before the runs) happen here, and what it cost
+        each configuration is kept (self.compile_records)."""
         for config in configs:
             script, hyp = self.script(config), self.configs[config].hyp
             key = warmup_key(script.path, hyp)
             if key in self.warmed_up or not self.flags.warmup:
                 continue
-            dummy = dummy_dataset(script.module.infer, len(self.data['classes']),
+            dummy = dummy_dataset(script.method.infer, len(self.data['classes']),
                                   hyp['opt']['batch_size'], len(self.eval_split['labels']),
                                   self.device)
+            test_images = self.normalized_test_images(config) if self.evaluates_test_set() \
+                else None  # the forward passes of the run's outputs too
+            counts = compile_counts()
+            start = time.perf_counter()
             try:
                 with self.variants.recording(self.net(config), self.net_label(config)) as seen:
-                    result = script.module.train(dummy, hyp, self.device, self.precision,
-                                                 self.source_seeds(0), self.net(config),
-                                                 epoch_eval=self.flags.epoch_eval)
-                    if self.evaluates_test_set():  # the forward passes of the run's outputs too
-                        self.test_logits(config, result['net'])
+                    warm_up_network(script.method, hyp, self.net(config), self.device,
+                                    self.precision, dummy, test_images, self.args.save_logits,
+                                    self.flags.epoch_eval)
             except Exception as error:  # noqa: BLE001: said in one line, the launch stopped
                 reason = self.compiles_eagerly() or f'{type(error).__name__}: {error}'
                 raise RunsFailed(f'the warmup of configuration {config} failed ({reason}); no '
                                  'run was trained on this process') from error
+            self.compile_records.append(self.compile_record(
+                config, 'warmup', time.perf_counter() - start, counts))
             self.variants.warmed_up |= seen
             self.warmed_up.add(key)
 
+    def compile_record(self, config, stage, seconds, counts_before, error=None):
+        """A CompileRecord of this process, from compile_counts() before the stage and now."""
+        graphs, compiled, from_cache = (now - before for now, before in
+                                        zip(compile_counts(), counts_before))
+        return CompileRecord(config=config, launch=self.launch, stage=stage,
+                             rank=self.world.rank, host=socket.gethostname(),
+                             device=str(self.device), device_model=self.device_model,
+                             seconds=seconds, graphs=graphs, compiled=compiled,
+                             from_cache=from_cache, error=error)
+
     def normalized_test_images(self, config):
-        """The test images as the script's own loader normalizes them (as train() normalizes its
-        test images), computed once per script and kept."""
+        """The test images as the script's own loader normalizes them, computed once per script
+        and kept."""
         script = self.script(config)
         if script.path not in self.test_inputs:
-            dtype = torch.float16 if self.precision == 'fp16' else torch.float32
-            images = self.test_split['images']
-            loader = script.module.CifarLoader(images, None, len(images), self.data['mean'],
-                                               self.data['std'], self.configs[config].hyp['aug'],
-                                               dtype)
-            self.test_inputs[script.path] = loader.normalize(loader.images)
+            self.test_inputs[script.path] = normalized_images(
+                script.method, self.test_split['images'], self.configs[config].hyp,
+                self.data['mean'], self.data['std'], self.precision)
         return self.test_inputs[script.path]
 
     def logits(self, config, net, tta_level):
         """A trained network's logits (fp32) for the test images, evaluated as train() evaluates."""
-        autocast = torch.autocast(self.device.type, dtype=torch.bfloat16,
-                                  enabled=(self.precision == 'bf16'))
-        infer = self.script(config).module.infer
-        settings = evaluation_settings(infer, self.configs[config].hyp['net'])
-        return infer(net, self.normalized_test_images(config), tta_level, autocast, **settings)
+        return evaluation_logits(self.script(config).method, self.configs[config].hyp, net,
+                                 self.normalized_test_images(config), tta_level, self.device,
+                                 self.precision)
 
     def run_data(self, run):
         """The data of a run (its training subset, the evaluated split), its subset mask and the
@@ -287,7 +331,7 @@ class Runner:
             contextlib.nullcontext()
         graphs_before = compiled_graph_count()
         with recording as seen:
-            result = script.module.train(data, hyp, self.device, self.precision, seeds, net,
+            result = script.method.train(data, hyp, self.device, self.precision, seeds, net,
                                          self.flags.epoch_eval)
             graphs = compiled_graph_count() - graphs_before
             outputs, test_acc = self.outputs(config, result['net'], mask)

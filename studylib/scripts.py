@@ -4,6 +4,7 @@ import hashlib
 import importlib.util
 import os
 import re
+import types
 from dataclasses import dataclass
 
 from .errors import StudyError
@@ -16,11 +17,11 @@ METHOD_API = ('hyp', 'HYP_CHOICES', 'HYP_RANGES', 'train', 'build_net', 'infer',
 @dataclass
 class Script:
     """A script of the study, loaded in this process: its label (how study.json names it), file,
-    code's SHA-256 and module."""
+    code's SHA-256 and method (method_of: METHOD_API's names, and nothing else of the module)."""
     label: str
     path: str
     sha256: str
-    module: object
+    method: types.SimpleNamespace
 
 
 def available_scripts():
@@ -84,7 +85,14 @@ def load_script(path):
     return script
 
 
+def method_of(module):
+    """What the engine may use of a loaded script: METHOD_API's names, nothing else (an attribute
+    outside it raises AttributeError: the engine cannot come to depend on one by accident)."""
+    return types.SimpleNamespace(**{name: getattr(module, name) for name in METHOD_API})
+
+
 def open_script(label):
     """The script as a study names it, loaded."""
     path = label_path(label)
-    return Script(label=label, path=path, sha256=sha256_of(path), module=load_script(path))
+    return Script(label=label, path=path, sha256=sha256_of(path),
+                  method=method_of(load_script(path)))

@@ -155,8 +155,8 @@ def test_a_study_made_by_the_study_py_of_before_opens_and_continues(study_main, 
     script, flags = open_script('airbench94'), parse_flags([*training(), '--data-dir', image_folder])
     for name, config in saved['configs'].items():
         config['script_sha256'] = script.sha256
-        config['hyp'] = as_json(config_hyp(script.module.hyp, script.module.HYP_CHOICES,
-                                           script.module.HYP_RANGES, flags, config['overrides']))
+        config['hyp'] = as_json(config_hyp(script.method.hyp, script.method.HYP_CHOICES,
+                                           script.method.HYP_RANGES, flags, config['overrides']))
     (study_dir / 'study.json').write_text(json.dumps(saved))
     assert study_main(['airbench94', '--runs', '3', '--study-dir', str(study_dir), *configs, '--',
                        *training(), '--data-dir', image_folder]) == 0
@@ -317,24 +317,24 @@ def test_a_report_that_fails_leaves_the_outcome_and_closes_the_lock(
 
 
 def test_studylib_meets_a_script_only_through_its_method():
-    """Every use of a loaded script's module in the engine is one of METHOD_API: nothing below a
-    script's banner, so a copy of the method alone is enough and the data and device are the
-    study's."""
+    """The engine holds a loaded script as its method (Script.method: METHOD_API's names and no
+    other, so a copy of the method alone is enough, and the data and device are the study's):
+    another name of the module raises, and no module of studylib reads a script's module."""
     import ast
     import glob
-    from studylib.scripts import METHOD_API
-    used, aliased = set(), []
+    from studylib.scripts import METHOD_API, open_script
+    method = open_script('airbench94').method
+    assert set(vars(method)) == set(METHOD_API)
+    with pytest.raises(AttributeError):
+        method.main  # below the banner: not the engine's
+    used = set()
     for path in glob.glob(os.path.join(REPO, 'studylib', '*.py')):
         for node in ast.walk(ast.parse(open(path).read())):
-            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) and \
-                    node.value.attr == 'module':
-                used.add(node.attr)
-            elif isinstance(node, (ast.Assign, ast.Call)) and any(  # module = x.module, f(x.module)
-                    isinstance(arg, ast.Attribute) and arg.attr == 'module'
-                    for arg in ([node.value] if isinstance(node, ast.Assign) else node.args)):
-                aliased.append(f'{os.path.basename(path)}:{node.lineno}')
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute):
+                assert node.value.attr != 'module', f'{os.path.basename(path)}:{node.lineno}'
+                if node.value.attr == 'method':
+                    used.add(node.attr)
     assert used and used <= set(METHOD_API), used - set(METHOD_API)
-    assert aliased == []  # every use is seen above
 
 
 class NamesRead:
@@ -359,7 +359,7 @@ def test_a_study_reads_only_the_method_of_its_script(study_main, image_folder, t
 
     def recorded(label):
         script = open_script(label)
-        return dataclasses.replace(script, module=NamesRead(script.module, names))
+        return dataclasses.replace(script, method=NamesRead(script.method, names))
     monkeypatch.setattr(studylib.plan, 'open_script', recorded)
     assert study_main(['airbench94', '--runs', '1', '--study-dir', str(tmp_path / 'study'), '--',
                        *training(), '--data-dir', image_folder]) == 0

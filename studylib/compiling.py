@@ -1,0 +1,220 @@
+"""Compiling a launch's configurations once per machine, before its runs. Each configuration whose
+network compiles (a compiled script's, on this device) gets a process of its own, as many at once
+as --compile-jobs allows (default: the machine's cores), that runs the configuration's warmup into
+the inductor cache the machine's processes share (compile_job, `python -m studylib.compiling`);
+then every process that trains the configuration warms up from that cache. Under torchrun each
+machine's first process (local rank 0) does this for the machine while the others wait, so the P
+processes of a machine compile each graph once, not P times.
+
+Machines do not send each other what they compiled: each compiles once for itself (they may differ
+in GPU model, driver or torch, for which inductor's cache keys differ anyway); machines that share
+a file system share the work too when TORCHINDUCTOR_CACHE_DIR points them at one directory."""
+import concurrent.futures
+import json
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .data import dummy_dataset
+from .device import (compile_counts, compiles_network, enable_compile_caches, prepare_device,
+                     recompile_limits)
+from .distribute import Liveness
+from .records import CompileRecord
+from .runs import normalized_images, warm_up_network, warmup_key
+from .scripts import load_script, method_of
+
+STAGE = 'before the runs'  # CompileRecord.stage of a configuration's own compiling process
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclass(frozen=True)
+class CompileJob:
+    """What a compiling process needs to make the graphs of a configuration's runs: its script
+    (the file) and hyp, the device and precision, and the shapes of a run's warmup: the classes,
+    the evaluated split's images, the test images whose outputs the runs evaluate (0: none)."""
+    config: str
+    script: str
+    hyp: dict
+    device: str
+    precision: str
+    deterministic: bool
+    num_classes: int
+    num_eval: int
+    num_test: int
+    save_plain: bool
+    epoch_eval: bool
+    mean: tuple
+    std: tuple
+
+
+def usable_cores():
+    return len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()
+
+
+def compile_job(job):
+    """Run a configuration's warmup in this process, as a process of the study warms it up, into
+    the machine's inductor cache: {'seconds', 'graphs', 'compiled', 'from_cache'}."""
+    device = torch.device(job.device)
+    prepare_device(device, job.deterministic)
+    enable_compile_caches()
+    script = method_of(load_script(job.script))
+    counts_before = compile_counts()
+    start = time.perf_counter()
+    net = script.build_net(job.hyp['net'], job.num_classes, device, job.precision)
+    dummy = dummy_dataset(script.infer, job.num_classes, job.hyp['opt']['batch_size'],
+                          job.num_eval, device)
+    test_images = None
+    if job.num_test:  # any images: only their shape, dtype and layout make the graphs
+        images = torch.randint(0, 256, (job.num_test, 32, 32, 3), dtype=torch.uint8,
+                               device=device)
+        test_images = normalized_images(script, images, job.hyp, job.mean, job.std, job.precision)
+    with recompile_limits(1):
+        warm_up_network(script, job.hyp, net, device, job.precision, dummy, test_images,
+                        job.save_plain, job.epoch_eval)
+    graphs, compiled, from_cache = (now - before for now, before in
+                                    zip(compile_counts(), counts_before))
+    return dict(seconds=time.perf_counter() - start, graphs=graphs, compiled=compiled,
+                from_cache=from_cache)
+
+
+def run_compile_process(job, compile_threads):
+    """A process of its own compiling job: (wall seconds, what compile_job returned or
+    {'error'})."""
+    environment = dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS=str(compile_threads),
+                       PYTHONPATH=os.pathsep.join(filter(None, [REPO,
+                                                                os.environ.get('PYTHONPATH')])))
+    start = time.perf_counter()
+    finished = subprocess.run([sys.executable, '-m', 'studylib.compiling'],
+                              input=pickle.dumps(job), capture_output=True, env=environment)
+    seconds = time.perf_counter() - start
+    lines = finished.stdout.decode(errors='replace').strip().splitlines()
+    try:
+        return seconds, json.loads(lines[-1])
+    except (IndexError, ValueError):
+        error = (finished.stderr.decode(errors='replace').strip().splitlines() or
+                 ['no output'])[-1]
+        return seconds, dict(error=f'its process exited {finished.returncode} ({error[:300]})')
+
+
+class Compiler:
+    """This process's part in compiling the launch's configurations before the runs."""
+
+    def __init__(self, runner, world, jobs_at_once):
+        self.runner, self.world, self.jobs_at_once = runner, world, jobs_at_once
+        self.local_size = int(os.environ.get('LOCAL_WORLD_SIZE', 1))
+
+    def compiled_configs(self, configs):
+        """The first configuration of each (script, hyp) to warm up whose network compiles."""
+        seen, compiled = set(), []
+        for config in configs:
+            key = warmup_key(self.runner.script(config).path, self.runner.configs[config].hyp)
+            if key not in seen and compiles_network(self.runner.net(config)):
+                compiled.append(config)
+            seen.add(key)
+        return compiled
+
+    def compile(self, configs):
+        """Compile the configurations' graphs into the machine's cache before their warmups, where
+        separate processes save time (several configurations, or several processes on the
+        machine); this process's CompileRecords of that stage (the machine's first process's)."""
+        compiled = self.compiled_configs(configs)
+        if compiled:
+            enable_compile_caches()  # torch 2.4's default is off: the warmups load from it
+        if self.jobs_at_once == 0 or not compiled or (len(compiled) < 2 and self.local_size < 2):
+            return []
+        done_key = f'compiled/{self.runner.launch}/{self.world.node}'
+        if self.world.local_rank != 0:
+            self.wait_for_machine(done_key)
+            return []
+        if self.world.store.check(done_key):  # a restarted first process: the machine has them
+            return []
+        records = self.compile_all(compiled)
+        self.world.store.set(done_key, '1')
+        return records
+
+    def wait_for_machine(self, done_key):
+        """Wait for the machine's first process to compile (its warmups then load); if it is lost,
+        go on: this process's warmups compile what they need."""
+        first = self.world.rank - self.world.local_rank  # torchrun numbers a machine's ranks in a row
+        liveness = Liveness(self.world.store, self.runner.args.lost_after)
+
+        def give_up():
+            member = f'member/{first}'
+            if self.world.store.check(member) and liveness.lost(
+                    self.world.store.get(member).decode()):
+                raise TimeoutError
+        try:
+            self.world.store.wait_for(done_key, give_up, poll_seconds=0.5)
+        except TimeoutError:
+            print(f'rank {self.world.rank}: the first process of {socket.gethostname()} was lost '
+                  'while compiling; this process compiles in its warmups', flush=True)
+
+    def job(self, config, index):
+        runner = self.runner
+        device = runner.device
+        if device.type == 'cuda' and runner.flags.device in ('auto', 'cuda'):
+            device = torch.device('cuda', index % self.local_size)  # the machine's GPUs in turn
+        return CompileJob(
+            config=config, script=runner.script(config).path, hyp=runner.configs[config].hyp,
+            device=str(device), precision=runner.precision,
+            deterministic=runner.flags.deterministic, num_classes=len(runner.data['classes']),
+            num_eval=len(runner.eval_split['labels']),
+            num_test=len(runner.test_split['labels']) if runner.evaluates_test_set() else 0,
+            save_plain=runner.args.save_logits, epoch_eval=runner.flags.epoch_eval,
+            mean=tuple(runner.data['mean']), std=tuple(runner.data['std']))
+
+    def compile_all(self, configs):
+        """Each configuration in a process of its own, jobs_at_once at a time; a line each."""
+        at_once = min(self.jobs_at_once, len(configs))
+        compile_threads = max(1, usable_cores() // at_once)
+        jobs = [self.job(config, index) for index, config in enumerate(configs)]
+        print(f'compiling {len(configs)} configuration{"s" if len(configs) > 1 else ""} on '
+              f'{socket.gethostname()} before the runs, {at_once} at once: '
+              f'{", ".join(configs)}', flush=True)
+        records = []
+        with concurrent.futures.ThreadPoolExecutor(at_once) as pool:
+            futures = {pool.submit(run_compile_process, job, compile_threads): job
+                       for job in jobs}
+            for future in concurrent.futures.as_completed(futures):
+                seconds, result = future.result()
+                records.append(self.record(futures[future].config, seconds, result))
+                print(self.line(records[-1]), flush=True)
+        return sorted(records, key=lambda record: configs.index(record.config))
+
+    def record(self, config, seconds, result):
+        runner = self.runner
+        return CompileRecord(config=config, launch=runner.launch, stage=STAGE,
+                             rank=self.world.rank, host=socket.gethostname(),
+                             device=str(runner.device), device_model=runner.device_model,
+                             seconds=seconds, graphs=result.get('graphs', 0),
+                             compiled=result.get('compiled', 0),
+                             from_cache=result.get('from_cache', 0), error=result.get('error'))
+
+    def line(self, record):
+        if record.error is not None:
+            return (f'compiling {record.config} before the runs failed after '
+                    f'{record.seconds:.1f} s ({record.error}); its warmups compile it')
+        return (f'compiled {record.config} before the runs in {record.seconds:.1f} s on '
+                f'{record.host}: {record.graphs} graphs, {record.compiled} compiled by inductor, '
+                f'{record.from_cache} from its cache')
+
+
+def main():
+    """A compiling process: the CompileJob pickled on stdin (its hyp exactly as the launch's,
+    tuples included); what compile_job returns (or the error) as the last line of stdout."""
+    job = pickle.load(sys.stdin.buffer)
+    try:
+        result = compile_job(job)
+    except Exception as error:  # noqa: BLE001: said to the launch, whose warmups compile instead
+        result = dict(error=f'{type(error).__name__}: {error}'.splitlines()[0][:500])
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == '__main__':
+    main()

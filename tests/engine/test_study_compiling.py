@@ -1,0 +1,248 @@
+"""Compiling a study's configurations once per machine, before the runs (studylib.compiling): which
+configurations get a process of their own and when, the machine's other processes waiting for its
+first (and going on if it is lost), the compiling process's own entry point, what each stage cost
+in DIR/compiles/LAUNCH.json and report.md. Slow: the real thing under torchrun, inductor compiling
+airbench94_compiled on this CPU into an empty cache, each graph compiled once on the machine."""
+import glob
+import io
+import json
+import os
+import pickle
+import threading
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from conftest import REPO, free_port, load_script
+import test_study
+from test_study import finish, launch, records, study_main, training  # noqa: F401
+
+load_script('study')  # puts the repository on the path
+import studylib.compiling as compiling  # noqa: E402
+import studylib.scripts  # noqa: E402
+from studylib import analysis, markdown  # noqa: E402
+from studylib.device import compiles_network  # noqa: E402
+from studylib.distribute import ResilientStore, World  # noqa: E402
+from studylib.records import CompileRecord  # noqa: E402
+
+STAND_IN = os.path.join(REPO, 'tests', 'stand_in_script.py')
+RESULT = dict(graphs=5, compiled=6, from_cache=0)  # what a compiling process says, made up
+
+
+@pytest.fixture
+def compiled_stand_in(tmp_path):
+    """The stand-in script, its network compiled as a compiled script's (torch.compile wraps its
+    forward, which its train never calls: nothing compiles)."""
+    path = tmp_path / 'compiled_stand_in.py'
+    path.write_text(open(STAND_IN).read() + '''
+
+def build_net(arch, num_classes, device, precision):
+    net = StandIn(num_classes)
+    net.forward = torch.compile(net.forward, backend='eager')
+    return net
+''')
+    return str(path)
+
+
+@pytest.fixture
+def compile_processes(monkeypatch):
+    """Compiling processes stood in for: each job is appended to the list returned, and its
+    process says RESULT after 0.2 s (or the error of a job whose config starts with 'broken')."""
+    jobs = []
+
+    def run(job, compile_threads):
+        jobs.append((job, compile_threads))
+        time.sleep(0.2)
+        if job.config.startswith('broken'):
+            return 0.2, dict(error='RuntimeError: inductor failed')
+        return 0.2, dict(RESULT)
+    monkeypatch.setattr(compiling, 'run_compile_process', run)
+    return jobs
+
+
+def stand_in_flags(warmup):
+    return ['--dataset', 'folder', '--device', 'cpu', '--precision', 'fp32', '--no-epoch-eval',
+            '--warmup' if warmup else '--no-warmup']
+
+
+def compile_records(study_dir):
+    (path,) = glob.glob(os.path.join(study_dir, 'compiles', '*.json'))
+    return [CompileRecord.from_json(entry) for entry in json.load(open(path))]
+
+
+def test_a_network_that_torch_compile_wraps_is_told_apart():
+    plain = torch.nn.Linear(2, 2)
+    assert not compiles_network(plain)
+    wrapped = torch.nn.Linear(2, 2)
+    wrapped.forward = torch.compile(wrapped.forward, backend='eager')
+    assert compiles_network(wrapped)
+    assert compiles_network(torch.compile(torch.nn.Linear(2, 2), backend='eager'))
+
+
+def test_each_compiled_configuration_compiles_once_before_the_runs(
+        study_main, compiled_stand_in, compile_processes, image_folder, tmp_path, capsys):
+    """Three configurations, two of them one (script, hyp) but for the epochs: two compiling
+    processes, at once, each told the shapes of the runs' warmup; then every configuration's warmup
+    in this process; what each stage cost in DIR/compiles/LAUNCH.json and report.md."""
+    study_dir = tmp_path / 'study'
+    assert study_main([compiled_stand_in, '--runs', '1', '--study-dir', str(study_dir),
+                       '--config', 'a', '--config', 'b', 'aug.flip=random',
+                       '--config', 'c', 'opt.train_epochs=5', '--compile-jobs', '2',
+                       '--save-logits', '--', *stand_in_flags(warmup=True),
+                       '--data-dir', image_folder]) == 0
+    jobs = sorted(compile_processes, key=lambda entry: entry[0].config)
+    assert [job.config for job, _ in jobs] == ['a', 'b']
+    assert {threads for _, threads in jobs} == {max(1, compiling.usable_cores() // 2)}
+    (job, _), _ = jobs
+    assert (job.script, job.device, job.precision, job.num_classes) == (
+        compiled_stand_in, 'cpu', 'fp32', 4)
+    assert (job.num_eval, job.num_test, job.save_plain, job.epoch_eval) == (128, 128, True, False)
+    assert job.hyp['aug']['flip'] == 'alternating' and jobs[1][0].hyp['aug']['flip'] == 'random'
+    found = compile_records(study_dir)
+    before = [r for r in found if r.stage == compiling.STAGE]
+    assert [(r.config, r.graphs, r.compiled, r.from_cache, r.came_from()) for r in before] == [
+        ('a', 5, 6, 0, 'compiled'), ('b', 5, 6, 0, 'compiled')]
+    warmups = [r for r in found if r.stage == 'warmup']
+    assert sorted(r.config for r in warmups) == ['a', 'b']  # c: a's (script, hyp), warmed up
+    assert all(r.came_from() == 'eager' and r.seconds > 0 for r in warmups)
+    output = capsys.readouterr().out
+    assert 'compiling 2 configurations on' in output and ', 2 at once: a, b' in output
+    assert output.count('compiled a before the runs in') == 1
+    report = open(study_dir / 'report.md').read()
+    assert '| a | before the runs | 1 | 0.2, 0.2 | 5 | 6, 0 | 1 compiled |' in report
+    assert len(records(study_dir)) == 3
+
+
+TWO = ['--config', 'a', '--config', 'b', 'aug.flip=random']
+
+
+@pytest.mark.parametrize('study_flags, configs, warmup', [
+    (['--compile-jobs', '0'], TWO, True),  # turned off: each warmup compiles
+    ([], ['--config', 'a'], True),  # one configuration, one process: its warmup compiles it
+    ([], TWO, False)])  # no warmup, nothing compiled before the runs
+def test_no_compiling_process_where_it_saves_nothing_or_is_turned_off(
+        study_main, compiled_stand_in, compile_processes, image_folder, tmp_path, study_flags,
+        configs, warmup):
+    study_dir = tmp_path / 'study'
+    assert study_main([compiled_stand_in, '--runs', '1', '--study-dir', str(study_dir), *configs,
+                       *study_flags, '--', *stand_in_flags(warmup),
+                       '--data-dir', image_folder]) == 0
+    assert compile_processes == []
+    stages = {record.stage for record in compile_records(study_dir)} if warmup else set()
+    assert stages == ({'warmup'} if warmup else set())
+
+
+def test_a_failed_compiling_process_is_said_and_the_warmups_compile(
+        study_main, compiled_stand_in, compile_processes, image_folder, tmp_path, capsys):
+    study_dir = tmp_path / 'study'
+    assert study_main([compiled_stand_in, '--runs', '1', '--study-dir', str(study_dir),
+                       '--config', 'broken', '--config', 'fine', 'aug.flip=random', '--',
+                       *stand_in_flags(warmup=True), '--data-dir', image_folder]) == 0
+    assert ('compiling broken before the runs failed after 0.2 s (RuntimeError: inductor '
+            'failed); its warmups compile it') in capsys.readouterr().out
+    (broken,) = [r for r in compile_records(study_dir) if r.stage == compiling.STAGE and
+                 r.config == 'broken']
+    assert broken.came_from() == 'failed' and broken.error == 'RuntimeError: inductor failed'
+    assert len(records(study_dir)) == 2
+
+
+def machine(rank, local_rank, store, monkeypatch):
+    """A World of rank (of 2, on one machine) sharing store, and a runner stand-in for Compiler."""
+    monkeypatch.setenv('LOCAL_WORLD_SIZE', '2')
+    monkeypatch.setenv('GROUP_RANK', '0')
+    monkeypatch.setenv('RANK', str(rank))
+    monkeypatch.setenv('LOCAL_RANK', str(local_rank))
+    monkeypatch.setenv('WORLD_SIZE', '2')
+    world = World(store)
+    world.join()
+    runner = type('Runner', (), {'launch': 'L', 'args': type('Args', (), {'lost_after': 1.0})})
+    return world, runner
+
+
+def test_the_machines_other_processes_wait_for_its_first_or_go_on_if_it_is_lost(monkeypatch,
+                                                                                   capsys):
+    store = ResilientStore(connect=dist.HashStore)
+    first, _ = machine(0, 0, store, monkeypatch)
+    other, runner = machine(1, 1, store, monkeypatch)
+    compiler = compiling.Compiler(runner, other, jobs_at_once=2)
+    threading.Timer(0.5, lambda: store.set('compiled/L/0', '1')).start()
+    start = time.perf_counter()
+    compiler.wait_for_machine('compiled/L/0')
+    assert 0.5 <= time.perf_counter() - start < 5  # it waited for the first, then went on
+    assert capsys.readouterr().out == ''
+    start = time.perf_counter()  # the first process's heartbeat never moves: lost after 1 s
+    compiler.wait_for_machine('compiled/L/1')
+    assert 1.0 <= time.perf_counter() - start < 10
+    assert 'the first process of' in capsys.readouterr().out
+
+
+def test_a_compiling_process_warms_the_configuration_up_and_says_what_it_cost(
+        monkeypatch, capsys, compiled_stand_in):
+    """studylib.compiling's entry point, in this process: the job pickled on stdin (its hyp's
+    tuples kept), one JSON line out; an error is said in that line, not raised."""
+    hyp = {**studylib.scripts.load_script(compiled_stand_in).hyp, 'net': {'tta_level': 2}}
+    job = compiling.CompileJob(config='a', script=compiled_stand_in, hyp=hyp, device='cpu',
+                               precision='fp32', deterministic=False, num_classes=4, num_eval=64,
+                               num_test=64, save_plain=True, epoch_eval=False,
+                               mean=(0.5,) * 3, std=(0.25,) * 3)
+    for stdin, says in [(job, {'seconds', 'graphs', 'compiled', 'from_cache'}),
+                        (compiling.CompileJob(**{**job.__dict__, 'script': '/nowhere.py'}),
+                         {'error'})]:
+        monkeypatch.setattr('sys.stdin', io.TextIOWrapper(io.BytesIO(pickle.dumps(stdin))))
+        compiling.main()
+        result = json.loads(capsys.readouterr().out.splitlines()[-1])
+        assert set(result) == says
+    assert 'could not be imported' in result['error']
+
+
+def test_what_compiling_cost_is_summed_per_configuration_and_stage():
+    def record(config, stage, rank, seconds, compiled, from_cache, error=None):
+        return CompileRecord(config=config, launch='L', stage=stage, rank=rank, host='h',
+                             device='cuda:0', device_model='H100', seconds=seconds, graphs=6,
+                             compiled=compiled, from_cache=from_cache, error=error)
+    costs = analysis.compile_costs([
+        record('a', compiling.STAGE, 0, 200.0, 12, 0), record('a', 'warmup', 0, 3.0, 0, 12),
+        record('a', 'warmup', 1, 5.0, 0, 12), record('b', compiling.STAGE, 0, 9.0, 0, 0, 'boom')])
+    assert costs == [
+        dict(config='a', stage=compiling.STAGE, processes=1, seconds_mean=200.0,
+             seconds_max=200.0, graphs=6, compiled=12, from_cache=0, came_from={'compiled': 1}),
+        dict(config='a', stage='warmup', processes=2, seconds_mean=4.0, seconds_max=5.0,
+             graphs=6, compiled=0, from_cache=24, came_from={'cache': 2}),
+        dict(config='b', stage=compiling.STAGE, processes=1, seconds_mean=9.0, seconds_max=9.0,
+             graphs=6, compiled=0, from_cache=0, came_from={'failed': 1})]
+    lines = markdown.compile_lines(costs)
+    assert '  | a | warmup | 2 | 4.0, 5.0 | 6 | 0, 24 | 2 cache |' in lines
+    assert markdown.compile_lines([]) == []
+
+
+@pytest.mark.slow
+def test_under_torchrun_each_graph_compiles_once_on_the_machine(image_folder, tmp_path,
+                                                                 monkeypatch):
+    """Two processes on one machine, two configurations of airbench94_compiled (inductor compiles
+    it on a CPU), an empty inductor cache: the first process compiles both before the runs, in
+    processes of their own, both at once; every warmup of both processes then loads every graph
+    from the cache (inductor's own counters), and no run compiles."""
+    study_dir = tmp_path / 'study'
+    monkeypatch.setitem(test_study.ENV, 'TORCHINDUCTOR_CACHE_DIR', str(tmp_path / 'inductor'))
+    widths = "net.widths={'block1': 8, 'block2': 8, 'block3': %d}"
+    result = finish(launch(
+        'airbench94_compiled', '--runs', '1', '--study-dir', str(study_dir), '--compile-jobs', '2',
+        '--config', 'w8', widths % 8, '--config', 'w16', widths % 16, '--',
+        *training(epochs=None), '--epochs', '0.5', '--warmup',
+        '--data-dir', image_folder,
+        launcher=['--nproc_per_node=2', f'--master-port={free_port()}']), timeout=1200)
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = compile_records(study_dir)
+    before = {r.config: r for r in found if r.stage == compiling.STAGE}
+    assert sorted(before) == ['w16', 'w8'] and {r.rank for r in before.values()} == {0}
+    assert all(r.compiled > 0 and r.came_from() == 'compiled' for r in before.values())
+    warmups = [r for r in found if r.stage == 'warmup']
+    assert sorted((r.config, r.rank) for r in warmups) == [
+        ('w16', 0), ('w16', 1), ('w8', 0), ('w8', 1)]
+    assert all(r.compiled == 0 and r.from_cache > 0 and r.came_from() == 'cache'
+               for r in warmups)  # each graph compiled once on the machine
+    assert sum(r.compiled for r in found) == sum(r.compiled for r in before.values())
+    assert all(record['graphs_compiled_during_run'] == 0
+               for record in records(study_dir).values())
