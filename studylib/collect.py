@@ -8,8 +8,8 @@ import os
 import time
 
 from .config import Study
-from .files import (Damaged, atomic_write, failure_path, outputs_path, read_failures,
-                    record_path, scan_runs, set_aside, write_compiles)
+from .files import (Damaged, StudyDir, atomic_write, read_failures, scan_runs, set_aside,
+                    write_compiles)
 from .records import CompileRecord, FailedTry, Message
 
 
@@ -20,6 +20,7 @@ class Collector:
 
     def __init__(self, world, plan, study_dir):
         self.store, self.jobs, self.study_dir = world.store, plan['jobs'], study_dir
+        self.files = StudyDir(study_dir)
         self.launch, self.world_size = plan['launch'], world.size
         self.compile_records = []  # every process's CompileRecords, as each publishes them
         self.compiles_from = set()  # the ranks whose CompileRecords are written
@@ -41,7 +42,7 @@ class Collector:
         """The failed try of a run, as the rank 0 that this one replaces wrote it."""
         try:
             return FailedTry.from_json(read_failures(
-                failure_path(self.study_dir, config, run))['failures'][-1])
+                self.files.failures(config, run))['failures'][-1])
         except (ValueError, KeyError, TypeError, IndexError):
             return FailedTry(config=config, run=run, error_type='unknown', error='its tries '
                              'could not be read', rank=-1, host='', device='', device_model='',
@@ -106,13 +107,13 @@ class Collector:
 
     def write_record(self, index, message, holder):
         record = message.record
-        path = record_path(self.study_dir, record.config, record.run)
+        path = self.files.record(record.config, record.run)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         key = f'outputs/{index}/{holder}'
         if message.has_outputs:  # before the record: a record means the run is complete
-            atomic_write(outputs_path(self.study_dir, record.config, record.run),
+            atomic_write(self.files.outputs(record.config, record.run),
                          self.store.get_large(key))
-        failures = failure_path(self.study_dir, record.config, record.run)
+        failures = self.files.failures(record.config, record.run)
         if os.path.exists(failures):  # a run that failed in an earlier launch, done now
             record.earlier_failures = len(self.earlier_tries(failures))
         atomic_write(path, json.dumps(record.to_json(), indent=2))
@@ -124,7 +125,7 @@ class Collector:
         self.progress(record)
 
     def write_failure(self, index, record):
-        path = failure_path(self.study_dir, record.config, record.run)
+        path = self.files.failures(record.config, record.run)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         failures = self.earlier_tries(path) if os.path.exists(path) else []
         atomic_write(path, json.dumps(dict(config=record.config, run=record.run,

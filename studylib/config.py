@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 
 from .errors import StudyError
-from .files import atomic_write, load_json, read_json
+from .files import StudyDir, atomic_write, load_json, read_json
 
 
 def as_json(value):
@@ -78,21 +78,11 @@ class Study:
                    commands=content.get('commands', []), launches=content.get('launches', []),
                    target=content.get('target'))
 
-    @staticmethod
-    def path(study_dir):
-        return os.path.join(study_dir, 'study.json')
-
-    @staticmethod
-    def copy_path(study_dir):
-        """study.json's copy, written after it: a file cut short (an interrupted copy of DIR)
-        leaves the other whole."""
-        return os.path.join(study_dir, 'study.backup.json')
-
     @classmethod
     def read(cls, study_dir):
         """The study in study_dir, or None where there is none yet. A study.json that cannot be
         read is read from its copy, and `damaged` says why; with no intact copy, StudyError."""
-        path, copy = cls.path(study_dir), cls.copy_path(study_dir)
+        path, copy = StudyDir(study_dir).study_json(), StudyDir(study_dir).study_copy()
         if not os.path.exists(path) and not os.path.exists(copy):
             return None
         try:
@@ -111,5 +101,5 @@ class Study:
 
     def write(self, study_dir):
         content = json.dumps(self.to_json(), indent=2)
-        atomic_write(self.path(study_dir), content)
-        atomic_write(self.copy_path(study_dir), content)
+        atomic_write(StudyDir(study_dir).study_json(), content)
+        atomic_write(StudyDir(study_dir).study_copy(), content)

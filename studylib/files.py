@@ -2,6 +2,7 @@
 reader that decides which runs are finished (it reads and checks every record), damaged files set
 aside, and writing and reading them safely."""
 import dataclasses
+import glob
 import json
 import os
 import re
@@ -48,31 +49,83 @@ def read_json(path, what):
         raise StudyError(f'{path} is unreadable ({error}); {what}') from None
 
 
-def config_dir(study_dir, config):
-    return os.path.join(study_dir, 'runs', config)
+@dataclasses.dataclass(frozen=True)
+class StudyDir:
+    """Every path of a study directory (docs/studies.md, "What comes out"): the one place that
+    knows its layout; no other module joins a path under a study directory."""
+    root: str
 
+    def join(self, *parts):
+        return os.path.join(self.root, *parts)
 
-def record_path(study_dir, config, run):
-    return os.path.join(config_dir(study_dir, config), f'{run:05d}.json')
+    def study_json(self):
+        return self.join('study.json')
 
+    def study_copy(self):
+        """study.json's copy, written after it: a file cut short (an interrupted copy of DIR)
+        leaves the other whole."""
+        return self.join('study.backup.json')
 
-def failure_path(study_dir, config, run):
-    """The tries of a run that failed (its exceptions), until a later launch trains it."""
-    return os.path.join(config_dir(study_dir, config), f'{run:05d}.failed.json')
+    def lock(self):
+        return self.join('study.lock')
 
+    def runs(self):
+        return self.join('runs')
 
-def outputs_path(study_dir, config, run):
-    """A run's saved outputs (logits, subset mask), beside its record."""
-    return os.path.join(config_dir(study_dir, config), f'{run:05d}.pt')
+    def config_dir(self, config):
+        return self.join('runs', config)
 
+    def record(self, config, run):
+        return self.join('runs', config, f'{run:05d}.json')
 
-def compiles_path(study_dir, launch):
-    """What compiling each configuration cost each process of a launch: a list of CompileRecord."""
-    return os.path.join(study_dir, 'compiles', f'{launch}.json')
+    def failures(self, config, run):
+        """The tries of a run that failed (its exceptions), until a later launch trains it."""
+        return self.join('runs', config, f'{run:05d}.failed.json')
+
+    def outputs(self, config, run):
+        """A run's saved outputs (logits, subset mask), beside its record."""
+        return self.join('runs', config, f'{run:05d}.pt')
+
+    def set_aside(self):
+        """Damaged files, kept under names that say why."""
+        return self.join(SET_ASIDE)
+
+    def compiles(self, launch):
+        """What compiling each configuration cost each process of a launch: CompileRecords."""
+        return self.join('compiles', f'{launch}.json')
+
+    def test_labels(self):
+        """The test labels that saved logits are scored against (with --save-logits)."""
+        return self.join('test_labels.json')
+
+    def validation(self):
+        """The held-out training images of --val-split."""
+        return self.join('validation.json')
+
+    def summary(self):
+        return self.join('summary.json')
+
+    def runs_csv(self):
+        return self.join('runs.csv')
+
+    def report(self):
+        return self.join('report.md')
+
+    def plot(self, file_name):
+        """A plot of the report: accuracy.png, time.png, epochs.png."""
+        return self.join(file_name)
+
+    def looks(self):
+        """The looks at the study's results, oldest first (studylib.looks)."""
+        return self.join('analysis', 'looks.json')
+
+    def tally(self, config, key):
+        """A configuration's ensemble tally of saved logits (key: logits or logits_plain)."""
+        return self.join('analysis', f'{config}.{key}.tally.npz')
 
 
 def write_compiles(study_dir, launch, records):
-    path = compiles_path(study_dir, launch)
+    path = StudyDir(study_dir).compiles(launch)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     atomic_write(path, json.dumps([record.to_json() for record in records], indent=2))
 
@@ -81,7 +134,7 @@ def read_compiles(study_dir, launch):
     """The CompileRecords of a launch ([] where it wrote none: a launch of an older study.py, or
     one stopped before its warmups); a file that cannot be read counts none (it only informs)."""
     try:
-        content = load_json(compiles_path(study_dir, launch))
+        content = load_json(StudyDir(study_dir).compiles(launch))
         return [CompileRecord.from_json(entry) for entry in content]
     except (ValueError, TypeError, AttributeError):
         return []
@@ -117,8 +170,9 @@ def outputs_intact(path):
 def scan_config(study_dir, config, expects_outputs):
     """({run: RunRecord}, [Damaged]) of one configuration's directory."""
     finished, damaged = {}, []
+    files = StudyDir(study_dir)
     try:
-        names = sorted(os.listdir(config_dir(study_dir, config)))
+        names = sorted(os.listdir(files.config_dir(config)))
     except FileNotFoundError:
         return finished, damaged
     for name in names:
@@ -126,14 +180,14 @@ def scan_config(study_dir, config, expects_outputs):
             continue
         run, relative = int(match[1]), os.path.join('runs', config, name)
         try:
-            finished[run] = read_record(os.path.join(study_dir, relative), config, run)
+            finished[run] = read_record(files.join(relative), config, run)
         except LookupError as error:
             damaged.append(Damaged(relative, 'misplaced', str(error)))
             continue
         except ValueError as error:
             damaged.append(Damaged(relative, 'unreadable', str(error)))
             continue
-        if expects_outputs and not outputs_intact(outputs_path(study_dir, config, run)):
+        if expects_outputs and not outputs_intact(files.outputs(config, run)):
             del finished[run]
             damaged.append(Damaged(relative, 'outputs-unreadable',
                                    f'its outputs {run:05d}.pt are cut short'))
@@ -141,10 +195,25 @@ def scan_config(study_dir, config, expects_outputs):
         if FAILURE_FILE.fullmatch(name):
             relative = os.path.join('runs', config, name)
             try:
-                read_failures(os.path.join(study_dir, relative))
+                read_failures(files.join(relative))
             except ValueError as error:
                 damaged.append(Damaged(relative, 'unreadable', str(error)))
     return finished, damaged
+
+
+def failure_files(study_dir, config):
+    """The RUN.failed.json files of a configuration, in run order."""
+    pattern = os.path.join(glob.escape(StudyDir(study_dir).config_dir(config)), '[0-9]*.failed.json')
+    return sorted(glob.glob(pattern))
+
+
+def remove_partial_writes(study_dir):
+    """Remove the temporary files of writes that a killed process left under DIR/runs (only while
+    no process writes: the launch that holds DIR's lock, before its runs)."""
+    for directory, _, names in os.walk(StudyDir(study_dir).runs()):
+        for name in names:
+            if '.tmp' in name:
+                os.remove(os.path.join(directory, name))
 
 
 def read_failures(path):
@@ -170,7 +239,7 @@ def scan_runs(study_dir, study):
         records, found = scan_config(study_dir, config, expects_outputs)
         finished.update(((config, run), record) for run, record in records.items())
         damaged += found
-    runs_dir = os.path.join(study_dir, 'runs')
+    runs_dir = StudyDir(study_dir).runs()
     strays = sorted(set(os.listdir(runs_dir)) - set(study.configs)) \
         if os.path.isdir(runs_dir) else []
     damaged += [Damaged(os.path.join('runs', name), 'no-configuration',
@@ -183,17 +252,18 @@ def set_aside(study_dir, damaged):
     (PATH.WHY.2 ... where taken): kept, never deleted, and no longer counted. Returns the lines
     that say where each went."""
     moved = []
+    files = StudyDir(study_dir)
     for entry in damaged:
-        source = os.path.join(study_dir, entry.path)
+        source = files.join(entry.path)
         companions = [source]
         if entry.path.endswith('.json') and RUN_FILE.fullmatch(os.path.basename(entry.path)):
             companions.append(source[:-len('.json')] + '.pt')
         for path in companions:
             if not os.path.exists(path):
                 continue
-            relative = os.path.relpath(path, os.path.join(study_dir, 'runs')) \
+            relative = os.path.relpath(path, files.runs()) \
                 if entry.path.startswith('runs') else os.path.basename(path)
-            target = free_name(os.path.join(study_dir, SET_ASIDE, f'{relative}.{entry.why}'))
+            target = free_name(os.path.join(files.set_aside(), f'{relative}.{entry.why}'))
             os.makedirs(os.path.dirname(target), exist_ok=True)
             os.replace(path, target)
             moved.append(os.path.relpath(target, study_dir))

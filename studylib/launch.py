@@ -1,11 +1,8 @@
 """One launch of a study, once planned (studylib.plan): all processes train from the shared queue,
 rank 0 writes the records and, at the end, the summary and report; signals and exit statuses."""
 import datetime
-import os
-import signal
 import socket
 import sys
-import threading
 import time
 
 import torch
@@ -14,11 +11,11 @@ from . import report
 from .collect import Collector
 from .compiling import Compiler
 from .device import prepare_device, recompile_limits
-from .distribute import MAX_ATTEMPTS, Heartbeat, Liveness, Queue, StoreLost, World
-from .errors import ReportFailed, RunsFailed, Stopped, StudyError
+from .distribute import MAX_ATTEMPTS, Heartbeat, Liveness, Queue
+from .errors import ReportFailed, RunsFailed
 from .records import FailedTry, Message
 from .runs import Runner
-from .plan import SharedError, first_plan, join_plan
+from .plan import first_plan, join_plan
 
 POLL_SECONDS = 0.5  # how often a process without a run looks for one, or for the end
 

@@ -20,7 +20,7 @@ import json
 import os
 
 from .errors import StudyError
-from .files import atomic_write, read_json
+from .files import StudyDir, atomic_write, read_json
 
 RULE = ('A claim is confirmatory when its target, the configurations and the runs per '
         'configuration were fixed before any result was seen and it is made once, when the '
@@ -29,13 +29,9 @@ RULE = ('A claim is confirmatory when its target, the configurations and the run
         "advance (O'Brien-Fleming, Lan-DeMets), which study.py does not implement.")
 
 
-def looks_path(study_dir):
-    return os.path.join(study_dir, 'analysis', 'looks.json')
-
-
 def read_looks(study_dir):
     """The looks recorded in DIR/analysis/looks.json, oldest first ([] before the first)."""
-    path = looks_path(study_dir)
+    path = StudyDir(study_dir).looks()
     if not os.path.exists(path):
         return []
     try:
@@ -50,8 +46,9 @@ def record_look(study_dir, summary, target_given):
         written=now(), target=summary['target'], target_given=target_given,
         runs_requested=summary['runs_requested'], runs_finished=summary['runs_finished'],
         configs=list(summary['configs']))]
-    os.makedirs(os.path.dirname(looks_path(study_dir)), exist_ok=True)
-    atomic_write(looks_path(study_dir), json.dumps(dict(looks=looks), indent=2))
+    path = StudyDir(study_dir).looks()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    atomic_write(path, json.dumps(dict(looks=looks), indent=2))
 
 
 def now():

@@ -16,7 +16,7 @@ from .config import Study
 from .data import data_fingerprint, load_study_data
 from .device import local_environment, resolve_device_precision, world_environment
 from .errors import StudyError
-from .files import Damaged, atomic_write, scan_runs, set_aside
+from .files import Damaged, StudyDir, atomic_write, remove_partial_writes, scan_runs, set_aside
 from .hyp import config_hyp
 from .runs import validation_indices
 from .scripts import open_script
@@ -37,7 +37,7 @@ def lock_study_dir(study_dir):
         raise StudyError(f'--study-dir {study_dir} is a file, not a directory; give a directory '
                          '(new or holding this study)')
     os.makedirs(study_dir, exist_ok=True)
-    lock = open(os.path.join(study_dir, 'study.lock'), 'w')
+    lock = open(StudyDir(study_dir).lock(), 'w')
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -95,10 +95,7 @@ def open_study(study_dir, study, command, launch):
     except BaseException:
         lock.close()
         raise
-    for directory, _, names in os.walk(os.path.join(study_dir, 'runs')):
-        for name in names:  # left by a process killed while writing; nobody writes now (the lock)
-            if '.tmp' in name:
-                os.remove(os.path.join(directory, name))
+    remove_partial_writes(study_dir)  # nobody writes now: the launch holds the lock
     return lock, study, notes
 
 
@@ -231,10 +228,10 @@ def runner_files(args, process):
     if args.val_split:
         held_out = validation_indices(len(process.data['train']['labels']), args.val_split,
                                       args.seed)
-        atomic_write(os.path.join(args.study_dir, 'validation.json'),
+        atomic_write(StudyDir(args.study_dir).validation(),
                      json.dumps({'seed': args.seed, 'indices': held_out.tolist()}))
     if args.save_logits:
-        atomic_write(os.path.join(args.study_dir, 'test_labels.json'),
+        atomic_write(StudyDir(args.study_dir).test_labels(),
                      json.dumps(process.data['test']['labels'].tolist()))
 
 

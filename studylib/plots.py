@@ -2,10 +2,11 @@
 configuration's runs, one row per configuration so that long grid names stay legible) and, with an
 epoch grid, epochs.png (error against epochs with each point's interval and the fitted laws)."""
 import math
-import os
 
 import matplotlib
 import numpy as np
+
+from .files import StudyDir
 
 ROW_INCHES = 0.32  # height of one configuration's row
 COLOURS = 10  # matplotlib's default colour cycle; past it, curves change marker
@@ -170,5 +171,5 @@ def log_ticks(low, high, most=8):
 
 def save(figure, study_dir, name, plt):
     figure.tight_layout()
-    figure.savefig(os.path.join(study_dir, name), dpi=120)
+    figure.savefig(StudyDir(study_dir).plot(name), dpi=120)
     plt.close(figure)

@@ -5,11 +5,10 @@ analysis that cannot be made says why in its place; only a study directory that 
 stops the report."""
 import json
 import math
-import os
 
 from . import analysis, looks
 from .errors import StudyError
-from .files import atomic_write, read_compiles
+from .files import StudyDir, atomic_write, read_compiles
 from .markdown import report_lines
 from .plots import plot
 from .tables import ensemble_tallies, failed_runs, load_study, read_study, test_labels
@@ -35,8 +34,9 @@ def write_outputs(study_dir, target=None, resolve=None, require_speedup=False,
     summary, runs = summarize(study_dir, target, resolve, margin, time_margin)
     summary = json_safe(summary)
     looks.record_look(study_dir, summary, target)
-    atomic_write(os.path.join(study_dir, 'summary.json'), json.dumps(summary, indent=2))
-    atomic_write(os.path.join(study_dir, 'runs.csv'), runs.to_csv(index=False))
+    files = StudyDir(study_dir)
+    atomic_write(files.summary(), json.dumps(summary, indent=2))
+    atomic_write(files.runs_csv(), runs.to_csv(index=False))
     try:
         plot(study_dir, summary, runs)
     except Exception as error:  # noqa: BLE001: a plot that fails never costs the report
@@ -44,7 +44,7 @@ def write_outputs(study_dir, target=None, resolve=None, require_speedup=False,
     lines = report_lines(summary)
     if 'plots_reason' in summary:
         lines += ['', f"Plots: {summary['plots_reason']}."]
-    atomic_write(os.path.join(study_dir, 'report.md'), '\n'.join(lines) + '\n')
+    atomic_write(files.report(), '\n'.join(lines) + '\n')
     for name, wanted in (('speedup', require_speedup), ('variance', require_variance)):
         section = summary[name]
         if wanted and isinstance(section, dict) and set(section) == {'reason'}:

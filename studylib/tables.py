@@ -1,7 +1,6 @@
 """A study's records as a pandas table, one row per run; its saved outputs read one run at a time
 (never all at once: 10,000 runs of fp16 logits are about 4 GB); and the ensemble tallies of the
 variance and calibration analyses, kept beside the study and extended by the runs added since."""
-import glob
 import io
 import os
 from collections.abc import Mapping
@@ -12,7 +11,7 @@ import torch
 
 from .config import Study
 from .errors import StudyError
-from .files import atomic_write, config_dir, outputs_path, read_failures, read_json, scan_runs
+from .files import StudyDir, atomic_write, failure_files, read_failures, read_json, scan_runs
 from .stats.variance import EnsembleTally
 
 OUTPUT_KEYS = ('logits', 'logits_plain', 'train_mask')
@@ -64,8 +63,7 @@ def failed_runs(study_dir, study):
     damaged file is left out: load_records names it)."""
     failed = {}
     for config in study.configs:
-        for path in sorted(glob.glob(os.path.join(glob.escape(config_dir(study_dir, config)),
-                                                  '[0-9]*.failed.json'))):
+        for path in failure_files(study_dir, config):
             try:
                 failed.setdefault(config, []).append(read_failures(path))
             except ValueError:
@@ -76,7 +74,7 @@ def failed_runs(study_dir, study):
 def read_outputs(study_dir, config, run):
     """A run's saved outputs as numpy arrays ({'logits': fp16 (test images, classes), ...}), or {}
     when it saved none."""
-    path = outputs_path(study_dir, config, run)
+    path = StudyDir(study_dir).outputs(config, run)
     if not os.path.exists(path):
         return {}
     return {key: value.numpy() for key, value in torch.load(path, weights_only=True).items()}
@@ -134,7 +132,7 @@ def load_study(study_dir, outputs=True):
 
 
 def test_labels(study_dir):
-    path = os.path.join(study_dir, 'test_labels.json')
+    path = StudyDir(study_dir).test_labels()
     if not os.path.exists(path):
         return None
     return np.array(read_json(path, 'rerun a launch to rewrite it'))
@@ -150,22 +148,18 @@ def ensemble_tallies(study_dir, runs, labels, num_classes):
         group = group[~group['diverged'].fillna(False).astype(bool)] if 'diverged' in group \
             else group
         wanted = {int(run): str(stamp) for run, stamp in zip(group['run'], group['finished'])
-                  if os.path.exists(outputs_path(study_dir, config, int(run)))}
+                  if os.path.exists(StudyDir(study_dir).outputs(config, int(run)))}
         if wanted:
             tallies[config] = {name: _tally(study_dir, config, wanted, key, labels, num_classes)
                                for name, key in TALLY_KEYS.items()}
     return tallies
 
 
-def _tally_path(study_dir, config, key):
-    return os.path.join(study_dir, 'analysis', f'{config}.{key}.tally.npz')
-
-
 def _tally(study_dir, config, wanted, key, labels, num_classes):
     """The tally of the runs in wanted ({run: its record's finished time}): the kept one where
     each run it holds is still that run (a run trained again, after its record was set aside,
     has another time), extended by the others."""
-    path = _tally_path(study_dir, config, key)
+    path = StudyDir(study_dir).tally(config, key)
     tally, held = EnsembleTally(labels, num_classes), []
     if os.path.exists(path):
         try:

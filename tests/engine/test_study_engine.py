@@ -337,6 +337,49 @@ def test_studylib_meets_a_script_only_through_its_method():
     assert used and used <= set(METHOD_API), used - set(METHOD_API)
 
 
+def test_every_file_of_a_study_is_a_path_that_studydir_names(study_main, image_folder, tmp_path):
+    """files.StudyDir knows the study directory's layout: after a launch with every optional file
+    (saved logits, a validation split, a damaged record set aside, two launches, the report with
+    its variance tallies and looks), every file under DIR is a path it names."""
+    from studylib.files import StudyDir
+    study_dir = tmp_path / 'study'
+    command = [STAND_IN, '--runs', '2', '--study-dir', str(study_dir), '--save-logits',
+               '--val-split', '16', '--config', 'a', '--config', 'b', 'curve.c=0.05', '--',
+               *QUICK, '--warmup', '--data-dir', image_folder]
+    assert study_main(command) == 0
+    (study_dir / 'runs' / 'a' / '00001.json').write_text('{')  # damaged: set aside, trained again
+    assert study_main(command) == 0
+    files = StudyDir(str(study_dir))
+    launches = [launch['id'] for launch in json.load(open(files.study_json()))['launches']]
+    named = {files.study_json(), files.study_copy(), files.lock(), files.test_labels(),
+             files.validation(), files.summary(), files.runs_csv(), files.report(),
+             files.looks(), *map(files.plot, ('accuracy.png', 'time.png')),
+             *map(files.compiles, launches),
+             *(path for config in ('a', 'b') for run in range(2)
+               for path in (files.record(config, run), files.outputs(config, run))),
+             *(files.tally(config, key) for config in ('a', 'b')
+               for key in ('logits', 'logits_plain'))}
+    found = {os.path.join(root, name) for root, _, names in os.walk(study_dir) for name in names}
+    set_aside = {path for path in found if path.startswith(files.set_aside() + os.sep)}
+    assert sorted(os.path.basename(path) for path in set_aside) == [
+        '00001.json.unreadable', '00001.pt.unreadable']  # the record, with its outputs
+    assert found - set_aside == named
+
+
+def test_no_module_but_files_joins_a_path_under_a_study_directory():
+    """The layout is files.StudyDir's alone: elsewhere in studylib no os.path.join starts from a
+    study directory (a name with study in it)."""
+    import ast
+    import glob
+    joins = []
+    for path in glob.glob(os.path.join(REPO, 'studylib', '**', '*.py'), recursive=True):
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) == 'os.path.join':
+                joins.append((os.path.basename(path), ast.unparse(node.args[0])))
+    assert [join for join in joins if 'study' in join[1] and join[0] != 'files.py'] == []
+    assert ('files.py', 'self.root') in joins  # the check sees the joins that are there
+
+
 class NamesRead:
     """A module whose every attribute read is written down."""
 
