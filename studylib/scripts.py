@@ -2,6 +2,7 @@
 they are, checked for the method that study.py calls (a copy that holds only the method will do)."""
 import hashlib
 import importlib.util
+import inspect
 import os
 import re
 import types
@@ -10,8 +11,37 @@ from dataclasses import dataclass
 from .errors import StudyError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-METHOD_API = ('hyp', 'HYP_CHOICES', 'HYP_RANGES', 'train', 'build_net', 'infer', 'CifarLoader',
-              'source_seeds')  # all it takes
+
+
+@dataclass(frozen=True)
+class Part:
+    """A name of a script's method that the engine uses: what the engine expects of it and, for a
+    function or class, the parameters it passes (by these names, in this order; the callable may
+    take more after them, with defaults)."""
+    expected: str
+    parameters: tuple = ()
+
+
+# Everything the engine uses of a script: its method's part above the banner, nothing below it
+METHOD_API = {
+    'hyp': Part("the hyperparameters, {group: {entry: value}}: every configuration's defaults"),
+    'HYP_CHOICES': Part("each switch's choices, by 'group.entry': every value is checked"),
+    'HYP_RANGES': Part("each number's inclusive range, by 'group.entry'"),
+    'train': Part('one run on the device; returns tta_val_acc, val_acc, total_time_seconds, steps, '
+                  'epoch_train_losses and the trained net',
+                  ('data', 'hyp', 'device', 'precision', 'seed', 'net', 'epoch_eval')),
+    'build_net': Part("the network from hyp['net'] (configurations that agree on the entries it "
+                      'reads share one network, reinitialized by each run)',
+                      ('arch', 'num_classes', 'device', 'precision')),
+    'infer': Part("fp32 logits of normalized images, as train() evaluates; batch_size's default "
+                  "sizes the warmup's test batches, and a parameter named as an entry of "
+                  "hyp['net'] is given that entry", ('net', 'images', 'tta_level', 'autocast')),
+    'CifarLoader': Part('the loader: its normalize(images) and .images give the test images as '
+                        'train() normalizes them, for saved logits',
+                        ('images', 'labels', 'batch_size', 'mean', 'std', 'aug', 'dtype')),
+    'source_seeds': Part("a run's seed to its sources' seeds, {'init': .., 'order': .., 'aug': ..}",
+                         ('seed',)),
+}
 
 
 @dataclass
@@ -82,7 +112,23 @@ def load_script(path):
         raise StudyError(f'{path} lacks {", ".join(missing)}, which study.py needs: a copy '
                          f'defines the method ({", ".join(METHOD_API)}: a script\'s part above '
                          'the banner), and needs nothing below it')
+    for name, part in METHOD_API.items():
+        taken = leading_parameters(getattr(script, name), len(part.parameters))
+        if taken != part.parameters:
+            raise StudyError(f'{path}: its {name} takes ({", ".join(taken)}) first, where study.py '
+                             f'passes ({", ".join(part.parameters)}): {part.expected}')
     return script
+
+
+def leading_parameters(member, count):
+    """The names of member's first count parameters (a class: its constructor's)."""
+    if count == 0:
+        return ()
+    try:
+        parameters = inspect.signature(member).parameters
+    except (TypeError, ValueError):  # not callable
+        return ()
+    return tuple(parameters)[:count]
 
 
 def method_of(module):

@@ -380,6 +380,50 @@ def test_no_module_but_files_joins_a_path_under_a_study_directory():
     assert ('files.py', 'self.root') in joins  # the check sees the joins that are there
 
 
+def test_a_script_of_only_what_method_api_names_runs_a_study(study_main, image_folder, tmp_path):
+    """METHOD_API is the whole contract: a script that defines those names and no other (and
+    imports) runs a study with everything that uses them: warmups, saved logits, a validation
+    split, two configurations of different TTA, the report."""
+    import ast
+    from studylib.scripts import METHOD_API
+    path = os.path.join(REPO, 'tests', 'fixtures', 'method_api_only.py')
+    tree = ast.parse(open(path).read())
+    defined = {target.id for node in tree.body if isinstance(node, ast.Assign)
+               for target in node.targets} | {node.name for node in tree.body if isinstance(
+                   node, (ast.FunctionDef, ast.ClassDef))}
+    assert defined == set(METHOD_API)
+    study_dir = tmp_path / 'study'
+    assert study_main([path, '--runs', '2', '--study-dir', str(study_dir), '--save-logits',
+                       '--val-split', '32', '--config', 'plain', '--config', 'mirror',
+                       'net.tta_level=1', '--', '--dataset', 'folder', '--device', 'cpu',
+                       '--data-dir', image_folder]) == 0
+    found = records(study_dir)
+    assert sorted(found) == [(config, run) for config in ('mirror', 'plain') for run in (0, 1)]
+    assert all(record['accuracy'] > 0.5 and record['accuracy_on'] == 'validation'
+               for record in found.values())  # 4 classes: chance is 0.25
+    outputs = torch.load(study_dir / 'runs' / 'plain' / '00000.pt')
+    assert outputs['logits'].shape == (128, 4)
+
+
+@pytest.mark.parametrize('name, wrong, message', [
+    ('train', 'def train(data, hyp, device, seed, precision, net=None, epoch_eval=True):',
+     'its train takes (data, hyp, device, seed, precision, net, epoch_eval) first, where study.py '
+     'passes (data, hyp, device, precision, seed, net, epoch_eval)'),
+    ('infer', 'def infer(net, images, autocast, tta_level, batch_size=2000):',
+     'its infer takes (net, images, autocast, tta_level) first')])
+def test_a_copy_whose_method_takes_other_parameters_is_refused_naming_them(
+        study_main, image_folder, tmp_path, capsys, name, wrong, message):
+    source = open(STAND_IN).read()
+    start = source.index(f'def {name}(')
+    end = source.index('\n', source.index('):', start))
+    copy = tmp_path / 'mine.py'
+    copy.write_text(source[:start] + wrong + source[end:])
+    assert study_main([str(copy), '--runs', '1', '--study-dir', str(tmp_path / 'study'), '--',
+                       *QUICK, '--data-dir', image_folder]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f'error: {copy}: ') and message in line
+
+
 class NamesRead:
     """A module whose every attribute read is written down."""
 
