@@ -10,8 +10,8 @@ imports only from its own layer and the layers below it (tests/engine/test_study
 2. The study directory. errors: the errors and their exit statuses. records: RunRecord and
    FailedTry, from the process that trains a run to its file, and CompileRecord. files: the
    directory's files (records, failed tries, outputs, compile records), which runs are finished,
-   atomic writes. config: what a study is, Config and Study, from the command line to
-   study.json and back.
+   atomic writes (StudyDir: every path of the directory). config: what a study is, Config and
+   Study, from the command line to study.json and back, and what a command asks for (Request).
 3. The reports. tables: a study as a pandas table, its saved outputs read on lookup, its ensemble
    tallies. analysis: what a study compares and how (configurations, comparisons by design, epoch
    curves), each analysis alone. looks: the looks at a study's results, and whether its claims
@@ -29,8 +29,12 @@ imports only from its own layer and the layers below it (tests/engine/test_study
    study.json checked and extended, rank 0's checks and the runs to train. launch: the work loop
    of a launch.
 5. The command line. cli: every flag of study.py (configurations, grids, the flags after `--`,
-   `study.py report`'s) parsed into Configs and namespaces, and main: a launch or a report, what it
-   says and its exit status.
+   `study.py report`'s) parsed once into a config.Request, and main: a launch or a report, what
+   it says and its exit status.
+
+The state that crosses modules is typed, made once and not changed after: the Request (config),
+this process's place among the others (distribute.World), its setup (plan.Process) and the Plan
+that rank 0 makes and every process follows (plan.Plan).
 """
 LAYERS = [
     ['stats.inference', 'stats.fits', 'stats.variance'],

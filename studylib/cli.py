@@ -12,7 +12,7 @@ import threading
 
 from . import report
 from .compiling import usable_cores
-from .config import Config
+from .config import Config, Request, ScriptFlags
 from .data import DATASETS
 from .distribute import StoreLost, World
 from .errors import ReportFailed, RunsFailed, StorageError, Stopped, StudyError
@@ -160,9 +160,8 @@ def parse_known(parser, argv):
 
 
 def parse_args(argv):
-    """The study's arguments: args.configs is {name: Config}, grids expanded; the flags after --
-    are args.flags (studylib.hyp); args.notes are what rank 0 says about the command before it
-    starts."""
+    """The launch's Request: the configurations resolved ({name: Config}, grids expanded), the
+    flags after -- (ScriptFlags) and what rank 0 says about the command before it starts."""
     argv = list(argv)
     split = argv.index('--') if '--' in argv else len(argv)
     argv, script_flags = argv[:split], argv[split + 1:]
@@ -180,18 +179,21 @@ def parse_args(argv):
                          f'{args.compile_jobs}')
     if not args.lost_after > 0:
         raise StudyError(f'--lost-after is a positive number of seconds, not {args.lost_after}')
-    typed, args.script = args.script, script_label(script_path(args.script))
-    configs, note = with_default_script(parse_configs(args.config, args.script), args.script, typed)
+    script = script_label(script_path(args.script))
+    configs, note = with_default_script(parse_configs(args.config, script), script, args.script)
     grids = [parse_grid(text) for text in args.grid]
     repeated = sorted({key for key, _ in grids if [k for k, _ in grids].count(key) > 1})
     if repeated:
         raise StudyError(f'--grid {repeated[0]} is given twice; give all its values in one --grid')
-    args.configs = expand(configs or [('baseline', args.script, [])], grids,
-                          implicit_baseline=not args.config)
-    args.grid_keys = [key for key, _ in grids]
-    args.flags = parse_flags(script_flags)
-    args.notes = [note] if note else []
-    return args
+    return Request(script=script, runs=args.runs, study_dir=args.study_dir,
+                   configs=expand(configs or [('baseline', script, [])], grids,
+                                  implicit_baseline=not args.config),
+                   config=tuple(tuple(words) for words in args.config), grid=tuple(args.grid),
+                   seed=args.seed, vary=args.vary, target=args.target, resolve=args.resolve,
+                   save_logits=args.save_logits, train_subset=args.train_subset,
+                   val_split=args.val_split, lost_after=args.lost_after,
+                   compile_jobs=args.compile_jobs, flags=parse_flags(script_flags),
+                   notes=(note,) if note else ())
 
 
 def parse_report_args(argv):
@@ -245,7 +247,7 @@ def flag_parser():
 
 
 def parse_flags(flags):
-    """The flags after --, refused when they are study.py's own or not valid."""
+    """The flags after -- as ScriptFlags, refused when they are study.py's own or not valid."""
     args = flag_parser().parse_args(flags)
     for key, flag in FOR_STUDY_PY.items():
         if getattr(args, key) is not None:
@@ -254,9 +256,11 @@ def parse_flags(flags):
     if args.dataset == 'folder' and args.data_dir == 'data/DATASET':
         raise StudyError('--dataset folder needs --data-dir DIR (a directory with train/ and '
                          'test/)')
-    if args.data_dir == 'data/DATASET':
-        args.data_dir = f'data/{args.dataset}'
-    return args
+    data_dir = f'data/{args.dataset}' if args.data_dir == 'data/DATASET' else args.data_dir
+    return ScriptFlags(dataset=args.dataset, data_dir=data_dir, train_splits=args.train_splits,
+                       device=args.device, precision=args.precision, epochs=args.epochs,
+                       hyp=tuple(args.hyp), epoch_eval=args.epoch_eval, warmup=args.warmup,
+                       deterministic=args.deterministic)
 
 
 def are_flags(flags):
@@ -303,9 +307,9 @@ def main(argv=None):
     if in_main_thread:  # torchrun stops the other processes with SIGTERM when one fails
         previous_handler = signal.signal(signal.SIGTERM, raise_stopped)
     try:
-        args = parse_args(argv)
-        world = World()
-        run_study(args, world, ['study.py', *argv])
+        request = parse_args(argv)
+        world = World.of_environment()
+        return run_study(request, world, ['study.py', *argv])
     except (StudyError, StoreLost) as error:
         # an error every process meets (bad input, the plan's) is said once: before the processes
         # agree by each machine's first process, after by rank 0; a process's own by itself
@@ -316,17 +320,11 @@ def main(argv=None):
                 else f'rank {world.rank}: '
             print(f'error: {where}{error}', file=sys.stderr, flush=True)
         return getattr(error, 'exit_status', RunsFailed.exit_status)  # StoreLost: retry
-    except (KeyboardInterrupt, Stopped) as stop:
-        collector = None if world is None else world.collector
-        if collector is not None:
-            print(f'\nStopped: {collector.finished()} of {collector.total} finished runs are in '
-                  f'{args.study_dir}; the same command continues the study.', file=sys.stderr,
-                  flush=True)
-        elif world is not None and world.rank == 0:
+    except (KeyboardInterrupt, Stopped) as stop:  # before the launch was planned
+        if world is not None and world.rank == 0:
             print('\nStopped before training; the same command starts or continues the study.',
                   file=sys.stderr, flush=True)
         return 130 if isinstance(stop, KeyboardInterrupt) else 143
     finally:
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous_handler)
-    return 0

@@ -19,13 +19,13 @@ class Collector:
     done for this launch. done_below tells the queue that every run below it is done."""
 
     def __init__(self, world, plan, study_dir):
-        self.store, self.jobs, self.study_dir = world.store, plan['jobs'], study_dir
+        self.store, self.jobs, self.study_dir = world.store, plan.jobs, study_dir
         self.files = StudyDir(study_dir)
-        self.launch, self.world_size = plan['launch'], world.size
+        self.launch, self.world_size = plan.launch, world.size
         self.compile_records = []  # every process's CompileRecords, as each publishes them
         self.compiles_from = set()  # the ranks whose CompileRecords are written
-        self.total, self.written, self.failed = plan['total'], set(), {}
-        self.finished_before = plan['total'] - len(plan['jobs'])
+        self.total, self.written, self.failed = plan.total, set(), {}
+        self.finished_before = plan.total - len(plan.jobs)
         self.start_time = time.perf_counter()
         self.claimed, self.outstanding, self.done_below = 0, set(), 0
         study = Study.read(study_dir)

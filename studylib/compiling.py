@@ -141,8 +141,8 @@ class Compiler:
     def wait_for_machine(self, done_key):
         """Wait for the machine's first process to compile (its warmups then load); if it is lost,
         go on: this process's warmups compile what they need."""
-        first = self.world.rank - self.world.local_rank  # torchrun numbers a machine's ranks in a row
-        liveness = Liveness(self.world.store, self.runner.args.lost_after)
+        first = self.world.rank - self.world.local_rank  # a machine's ranks are consecutive
+        liveness = Liveness(self.world.store, self.runner.request.lost_after)
 
         def give_up():
             member = f'member/{first}'
@@ -166,7 +166,7 @@ class Compiler:
             deterministic=runner.flags.deterministic, num_classes=len(runner.data['classes']),
             num_eval=len(runner.eval_split['labels']),
             num_test=len(runner.test_split['labels']) if runner.evaluates_test_set() else 0,
-            save_plain=runner.args.save_logits, epoch_eval=runner.flags.epoch_eval,
+            save_plain=runner.request.save_logits, epoch_eval=runner.flags.epoch_eval,
             mean=tuple(runner.data['mean']), std=tuple(runner.data['std']))
 
     def compile_all(self, configs):

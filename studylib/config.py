@@ -1,5 +1,6 @@
 """What a study is: its configurations (Config) and study.json as a whole (Study), one type each
-from the command line to study.json and back."""
+from the command line to study.json and back; and what a command asks for (Request, with the flags
+after its --, ScriptFlags), made once by the command line and read by the launch."""
 import dataclasses
 import json
 import os
@@ -103,3 +104,45 @@ class Study:
         content = json.dumps(self.to_json(), indent=2)
         atomic_write(StudyDir(study_dir).study_json(), content)
         atomic_write(StudyDir(study_dir).study_copy(), content)
+
+
+@dataclass(frozen=True)
+class ScriptFlags:
+    """The flags after study.py's --, for every configuration: the data, the device and precision,
+    the hyp's --epochs and --hyp, and what is done around each run (docs/studies.md)."""
+    dataset: str
+    data_dir: str
+    train_splits: str
+    device: str
+    precision: str
+    epochs: float | None
+    hyp: tuple
+    epoch_eval: bool
+    warmup: bool
+    deterministic: bool
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a launch's command asks for, parsed once (studylib.cli): the positional script (its
+    label), the study's directory and settings, its configurations resolved from --config and
+    --grid ({name: Config}, not yet their hyp), as typed (config: the --config words, grid: the
+    --grid texts, which the launch records), how the launch runs (lost_after, compile_jobs), the
+    flags after -- and what rank 0 says of the command before it starts (notes)."""
+    script: str
+    runs: int
+    study_dir: str
+    configs: dict
+    config: tuple
+    grid: tuple
+    seed: int
+    vary: str
+    target: float | None
+    resolve: float | None
+    save_logits: bool
+    train_subset: float | None
+    val_split: int
+    lost_after: float
+    compile_jobs: int
+    flags: ScriptFlags
+    notes: tuple

@@ -26,6 +26,7 @@ import secrets
 import socket
 import threading
 import time
+from dataclasses import dataclass
 
 import torch.distributed as dist
 
@@ -126,18 +127,28 @@ class ResilientStore:
             self.delete(f'{key}/count')
 
 
+@dataclass(frozen=True)
 class World:
-    """This process's place among the study's processes: its rank, its token (which names it in
-    leases and heartbeats), and the store they share."""
+    """This process's place among the study's processes: its rank of size, its local rank on its
+    machine (node: torchrun's GROUP_RANK, or the host), its token (which names it in leases and
+    heartbeats), and the store they share."""
+    rank: int
+    size: int
+    local_rank: int
+    node: str
+    store: ResilientStore
+    token: str
 
-    def __init__(self, store=None):
-        self.rank = int(os.environ.get('RANK', 0))
-        self.size = int(os.environ.get('WORLD_SIZE', 1))
-        self.local_rank = int(os.environ.get('LOCAL_RANK', 0))
-        self.node = os.environ.get('GROUP_RANK', socket.gethostname())
-        self.store = store or ResilientStore()
-        self.token = f'{self.rank}:{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}'
-        self.collector = None  # rank 0's writer of the records, once the launch is planned
+    @classmethod
+    def of_environment(cls, store=None):
+        """This process's World, from torchrun's environment (a lone process: rank 0 of 1, with
+        an in-memory store where none is given)."""
+        rank = int(os.environ.get('RANK', 0))
+        return cls(rank=rank, size=int(os.environ.get('WORLD_SIZE', 1)),
+                   local_rank=int(os.environ.get('LOCAL_RANK', 0)),
+                   node=os.environ.get('GROUP_RANK', socket.gethostname()),
+                   store=store or ResilientStore(),
+                   token=f'{rank}:{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}')
 
     def join(self):
         """Say that this process is rank's now: the process it replaces (a torchrun restart) is

@@ -203,8 +203,8 @@ def scan_config(study_dir, config, expects_outputs):
 
 def failure_files(study_dir, config):
     """The RUN.failed.json files of a configuration, in run order."""
-    pattern = os.path.join(glob.escape(StudyDir(study_dir).config_dir(config)), '[0-9]*.failed.json')
-    return sorted(glob.glob(pattern))
+    directory = glob.escape(StudyDir(study_dir).config_dir(config))
+    return sorted(glob.glob(os.path.join(directory, '[0-9]*.failed.json')))
 
 
 def remove_partial_writes(study_dir):

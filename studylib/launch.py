@@ -12,7 +12,7 @@ from .collect import Collector
 from .compiling import Compiler
 from .device import prepare_device, recompile_limits
 from .distribute import MAX_ATTEMPTS, Heartbeat, Liveness, Queue
-from .errors import ReportFailed, RunsFailed
+from .errors import ReportFailed, RunsFailed, Stopped
 from .records import FailedTry, Message
 from .runs import Runner
 from .plan import first_plan, join_plan
@@ -80,11 +80,11 @@ class BrokenDevice:
                              'are recorded, and the same command retries them')
 
 
-def work(args, world, plan, runner, collector):
+def work(request, world, plan, runner, collector):
     """Take runs from the queue and train them until every run of the plan is done; rank 0 writes
     the records between its runs."""
-    queue, broken = Queue(world, len(plan['jobs']), args.lost_after), BrokenDevice()
-    rank0 = Liveness(world.store, args.lost_after)
+    queue, broken = Queue(world, len(plan.jobs), request.lost_after), BrokenDevice()
+    rank0 = Liveness(world.store, request.lost_after)
     while True:
         claimed = queue.claim()
         if claimed is None:
@@ -97,13 +97,13 @@ def work(args, world, plan, runner, collector):
                 return
             elif world.store.check('member/0') and rank0.lost(
                     world.store.get('member/0').decode()):
-                raise RunsFailed(f'rank 0 has sent no heartbeat for {args.lost_after:g} s: the '
+                raise RunsFailed(f'rank 0 has sent no heartbeat for {request.lost_after:g} s: the '
                                  'records of this launch are written by rank 0 alone; run the '
                                  'command again to continue the study')
             time.sleep(POLL_SECONDS)
             continue
         index, attempts = claimed
-        config, run = plan['jobs'][index]
+        config, run = plan.jobs[index]
         if attempts > MAX_ATTEMPTS:
             record, outputs = failure_record(config, run, ProcessLost(
                 f'its process was lost {attempts - 1} times (killed, out of memory, or '
@@ -126,64 +126,77 @@ class ProcessLost(Exception):
     """A run whose process was lost again and again."""
 
 
-def run_study(args, world, command):
+def run_study(request, world, command):
     """This process's part of the launch, with its heartbeat beating throughout (stopped however
-    the launch ends); rank 0's failed runs and a report that could not be written are raised here
-    (world.collector: what rank 0 wrote)."""
+    the launch ends). Returns the exit status: 0, or that of Ctrl-C (130) or SIGTERM (143) once
+    the launch is planned (rank 0 says what it kept); rank 0's failed runs and a report that could
+    not be written are raised here."""
     replacing = world.join()
     with Heartbeat(world):
-        collector, report_error = train_and_report(args, world, command, replacing)
+        if world.store.check('plan/count'):
+            process, plan, lock = join_plan(request, world)
+        else:
+            process, plan, lock = first_plan(request, world, command)
+        prepare_device(process.device, process.flags.deterministic)
+        collector = None
+        if world.rank == 0:
+            collector = Collector(world, plan, request.study_dir)
+            say_launch(request, world, process, plan, collector, replacing)
+        try:
+            report_error = train_and_report(request, world, process, plan, lock, collector)
+        except (KeyboardInterrupt, Stopped) as stop:
+            if collector is not None:
+                print(f'\nStopped: {collector.finished()} of {collector.total} finished runs are '
+                      f'in {request.study_dir}; the same command continues the study.',
+                      file=sys.stderr, flush=True)
+            return 130 if isinstance(stop, KeyboardInterrupt) else 143
     if collector is not None and collector.failed:
         if report_error:
             print(f'warning: {report_error}', file=sys.stderr, flush=True)
         failed = sorted(collector.failed.values(), key=lambda r: (r.config, r.run))
         shown = ', '.join(f'{r.config} run {r.run} ({r.error_type})' for r in failed[:5])
         raise RunsFailed(f'{len(failed)} runs failed: {shown}{" ..." if len(failed) > 5 else ""};'
-                         f' their errors are in {args.study_dir}/runs/CONFIG/RUN.failed.json, the '
-                         'summary counts them, and the same command retries them')
+                         f' their errors are in {request.study_dir}/runs/CONFIG/RUN.failed.json, '
+                         'the summary counts them, and the same command retries them')
     if report_error:
         raise ReportFailed(report_error)
+    return 0
 
 
-def train_and_report(args, world, command, replacing):
-    """Set up, train from the queue and, on rank 0, write the records, then the report. Returns
-    rank 0's collector (None elsewhere) and the report's failure (or None)."""
-    if world.store.check('plan/count'):
-        process, plan, lock = join_plan(args, world)
-    else:
-        process, plan, lock = first_plan(args, world, command)
-    prepare_device(process.device, process.flags.deterministic)
-    collector = None
-    if world.rank == 0:
-        collector = world.collector = Collector(world, plan, args.study_dir)
-        for note in [*args.notes, *plan.get('notes', [])]:
-            print(note, flush=True)
-        print(f"{'rank 0 rejoins the launch; ' if replacing else ''}study in {args.study_dir}: "
-              f"{collector.finished()} of {plan['total']} runs of this launch's configurations "
-              f"finished, {len(plan['jobs']) - len(collector.written) - len(collector.failed)} to "
-              f"train; world size "
-              f"{world.size} on {plan['environment']['hosts']} ({process.device.type}, "
-              f'{process.precision})', flush=True)
+def say_launch(request, world, process, plan, collector, replacing):
+    """Rank 0's first lines: what it says of the command and of DIR, and what the launch trains."""
+    for note in [*request.notes, *plan.notes]:
+        print(note, flush=True)
+    print(f"{'rank 0 rejoins the launch; ' if replacing else ''}study in {request.study_dir}: "
+          f"{collector.finished()} of {plan.total} runs of this launch's configurations "
+          f"finished, {len(plan.jobs) - len(collector.written) - len(collector.failed)} to "
+          f"train; world size {world.size} on {plan.environment['hosts']} "
+          f'({process.device.type}, {process.precision})', flush=True)
+
+
+def train_and_report(request, world, process, plan, lock, collector):
+    """Warm up, train from the queue and, on rank 0 (collector), write the records, then the
+    report. Returns the report's failure (or None)."""
     try:
         with recompile_limits(len(process.configs)) as recompile_limit_hits:
-            runner = Runner(args, process, world, plan['launch'], recompile_limit_hits)
-            configs = sorted({config for config, _ in plan['jobs']})
+            runner = Runner(request, process, world, plan.launch, recompile_limit_hits)
+            configs = sorted({config for config, _ in plan.jobs})
             if process.flags.warmup:
-                runner.compile_records += Compiler(runner, world, args.compile_jobs).compile(
+                runner.compile_records += Compiler(runner, world, request.compile_jobs).compile(
                     configs)
             runner.warm_up(configs)
             world.publish(f'compiles/{world.rank}',
                           [record.to_json() for record in runner.compile_records])
-            work(args, world, plan, runner, collector)
+            work(request, world, plan, runner, collector)
     except BaseException:  # stopped early: what has arrived is kept, and the report written
-        report_error = close_launch(args, collector, lock)
+        report_error = close_launch(request, collector, lock)
         if report_error:
             print(f'warning: {report_error}', file=sys.stderr, flush=True)
         raise
-    return collector, close_launch(args, collector, lock)
+    return close_launch(request, collector, lock)
 
 
-def close_launch(args, collector, lock):
+def close_launch(request, collector, lock):
     """Rank 0 at the end of a launch, however it ends: the records that have arrived, then the
     report; DIR's lock released. Returns the report's failure, or None (other ranks: None)."""
     if collector is None:
@@ -192,7 +205,7 @@ def close_launch(args, collector, lock):
         collector.collect()
     finally:
         try:
-            report_error = report.write_report(args.study_dir, args.resolve)
+            report_error = report.write_report(request.study_dir, request.resolve)
         finally:
             lock.close()
     return report_error

@@ -361,7 +361,8 @@ def compile_lines(costs):
     if missing(costs):
         return [f"  - compiling: {costs['reason']}"]
     lines = ['', '  | configuration | stage | processes | seconds (mean, largest) | graphs | '
-             'inductor: compiled, from its cache | each process |', '  |---|---|---|---|---|---|---|']
+             'inductor: compiled, from its cache | each process |',
+             '  |---|---|---|---|---|---|---|']
     for cost in costs:
         outcomes = ', '.join(f'{count} {outcome}' for outcome, count in cost['came_from'].items())
         lines.append(f"  | {cost['config']} | {cost['stage']} | {cost['processes']} | "

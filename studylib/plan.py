@@ -3,16 +3,19 @@ resolves the configurations' hyp and takes its device and data; rank 0 checks ev
 report, DIR and its lock, study.json (the study, checked against DIR's and extended, with what this
 launch asked for), writes the side files of DIR and makes the plan that all follow, the runs still
 to train once the damaged files are set aside (or the error that stops them all)."""
-import argparse
+import dataclasses
 import datetime
 import fcntl
 import json
 import os
 import socket
 import uuid
+from dataclasses import dataclass
+
+import torch
 
 from . import distribute
-from .config import Study
+from .config import ScriptFlags, Study
 from .data import data_fingerprint, load_study_data
 from .device import local_environment, resolve_device_precision, world_environment
 from .errors import StudyError
@@ -108,17 +111,40 @@ def set_aside_note(study_dir, damaged, moved):
             f"{shown}{more}; the study's runs among them are trained again, with the same seeds")
 
 
-def make_plan(study_dir, study, configs, runs, launch):
-    """The runs of this launch's configurations without a finished record, run-major (the runs of
-    a seed finish together, so that a partial study is paired). Every record is read and
-    checked first, and the damaged files are set aside (the plan's notes say so)."""
+@dataclass(frozen=True)
+class Plan:
+    """What a launch trains, as rank 0 made it and every process follows it: the launch's id, the
+    runs to train ((config, run), run-major: the runs of a seed finish together, so that a partial
+    study is paired), the runs of its configurations in all and those finished before it, its
+    environment, what rank 0 says of DIR (notes) and the data's fingerprint."""
+    launch: str
+    jobs: tuple
+    total: int
+    finished: int
+    environment: dict
+    notes: tuple
+    data: str
+
+    def to_json(self):
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, content):
+        return cls(**{**content, 'jobs': tuple(map(tuple, content['jobs'])),
+                      'notes': tuple(content['notes'])})
+
+
+def make_plan(study_dir, study, configs, runs, launch, data, notes):
+    """The Plan: the runs of this launch's configurations without a finished record. Every record
+    is read and checked first, and the damaged files are set aside (the notes say so)."""
     finished, damaged = scan_runs(study_dir, study)
-    notes = [set_aside_note(study_dir, damaged, set_aside(study_dir, damaged))] if damaged else []
-    jobs = [[config, run] for run in range(runs) for config in configs
-            if (config, run) not in finished]
+    if damaged:
+        notes = (*notes, set_aside_note(study_dir, damaged, set_aside(study_dir, damaged)))
+    jobs = tuple((config, run) for run in range(runs) for config in configs
+                 if (config, run) not in finished)
     total = len(configs) * runs
-    return dict(launch=launch['id'], jobs=jobs, total=total, finished=total - len(jobs),
-                environment=launch['environment'], notes=notes)
+    return Plan(launch=launch['id'], jobs=jobs, total=total, finished=total - len(jobs),
+                environment=launch['environment'], notes=tuple(notes), data=data)
 
 
 class SharedError(StudyError):
@@ -130,50 +156,67 @@ class SharedError(StudyError):
         self.exit_status = exit_status
 
 
-def setup_configs(args):
+@dataclass(frozen=True)
+class Process:
+    """This process's part of the launch, set up once: the flags after --, its scripts ({label:
+    Script}, each loaded once), the configurations resolved ({name: Config} with their script's
+    SHA-256 and hyp), its device, precision and data, and what it tells rank 0 (info: its
+    environment and the data's fingerprint)."""
+    flags: ScriptFlags
+    scripts: dict
+    configs: dict
+    device: torch.device
+    precision: str
+    data: dict
+    info: dict
+
+
+def setup_configs(request):
     """The study's scripts ({label: Script}, each loaded once) and its configurations resolved
     ({name: Config} with the script's SHA-256 and the resolved hyp)."""
     scripts, configs = {}, {}
-    for name, config in args.configs.items():
+    for name, config in request.configs.items():
         if config.script not in scripts:
             scripts[config.script] = open_script(config.script)
         script = scripts[config.script]
         try:
             hyp = config_hyp(script.method.hyp, script.method.HYP_CHOICES,
-                             script.method.HYP_RANGES, args.flags, config.overrides)
+                             script.method.HYP_RANGES, request.flags, config.overrides)
         except StudyError as error:
-            raise StudyError(f'--config {name}: {error}' if args.config else str(error)) from None
+            raise StudyError(f'--config {name}: {error}' if request.config else str(error)) \
+                from None
         configs[name] = config.resolved(script.sha256, hyp)
     return scripts, configs
 
 
-def setup_process(args, world):
-    """This process's scripts, configurations, device, precision and data, and what it tells rank
-    0: its environment and data fingerprint (or the error that stops the study)."""
-    scripts, configs = setup_configs(args)
-    flags = args.flags
+def setup_process(request, world):
+    """This process's Process: its scripts, configurations, device, precision and data, and what
+    it tells rank 0 (or the error that stops the study)."""
+    scripts, configs = setup_configs(request)
+    flags = request.flags
     device, precision = resolve_device_precision(flags.device, flags.precision, world.local_rank)
     data = load_study_data(flags.dataset, flags.data_dir, flags.train_splits.split(','),
                            log=print if world.local_rank == 0 else lambda *_: None)
-    if args.val_split >= len(data['train']['labels']):
-        raise StudyError(f"--val-split {args.val_split} leaves none of the "
+    if request.val_split >= len(data['train']['labels']):
+        raise StudyError(f"--val-split {request.val_split} leaves none of the "
                          f"{len(data['train']['labels'])} training images to train on")
     info = dict(local_environment(device, precision), data=data_fingerprint(data))
-    return argparse.Namespace(flags=flags, scripts=scripts, configs=configs, device=device,
-                              precision=precision, data=data, info=info)
+    return Process(flags=flags, scripts=scripts, configs=configs, device=device,
+                   precision=precision, data=data, info=info)
 
 
-def study_of(args, process):
+def study_of(request, process):
     """What this command's study is: its settings and its configurations (each its script's
     SHA-256 and resolved hyp), to compare with DIR's (a command that differs is refused)."""
     data = process.data
-    settings = dict(seed=args.seed, vary=args.vary, train_subset=args.train_subset,
-                    val_split=args.val_split, save_logits=args.save_logits,
+    settings = dict(seed=request.seed, vary=request.vary, train_subset=request.train_subset,
+                    val_split=request.val_split, save_logits=request.save_logits,
                     precision=process.precision, data=dict(
                         dataset=process.flags.dataset, train_splits=process.flags.train_splits,
                         sha256=process.info['data'], num_train=len(data['train']['labels']),
                         num_test=len(data['test']['labels']), classes=list(data['classes'])))
-    return Study(settings=settings, configs=process.configs, runs=args.runs, target=args.target)
+    return Study(settings=settings, configs=process.configs, runs=request.runs,
+                 target=request.target)
 
 
 def check_world(infos):
@@ -190,11 +233,11 @@ def check_world(infos):
                          'dataset in --data-dir')
 
 
-def check_outputs_travel(args, data):
+def check_outputs_travel(request, data):
     """Refuse, before any training, outputs too large for the store to carry (in chunks)."""
     num_test, num_classes = len(data['test']['labels']), len(data['classes'])
-    size = (2 * num_test * num_classes * 2 if args.save_logits else 0) + \
-        (len(data['train']['labels']) if args.train_subset is not None else 0)
+    size = (2 * num_test * num_classes * 2 if request.save_logits else 0) + \
+        (len(data['train']['labels']) if request.train_subset is not None else 0)
     if size > distribute.MAX_OUTPUT_BYTES:
         raise StudyError(f'the outputs of a run would be {size / 2**20:.0f} MiB (fp16 logits of '
                          f'{num_test} test images x {num_classes} classes, twice, and the subset '
@@ -202,48 +245,57 @@ def check_outputs_travel(args, data):
                          'a run may send to rank 0; drop --save-logits or use fewer test images')
 
 
-def plan_launch(args, process, infos, command):
+def plan_launch(request, process, infos, command):
     """Rank 0: check the world and DIR, record the launch in study.json, and list the runs to train.
-    Returns the lock on DIR and the plan."""
+    Returns the lock on DIR and the Plan."""
     check_world(infos)
-    check_outputs_travel(args, process.data)
-    request = dict(runs=args.runs, configs=args.config, grids=args.grid, target=args.target)
-    launch = dict(id=uuid.uuid4().hex[:12], command=command, request=request,
+    check_outputs_travel(request, process.data)
+    asked = dict(runs=request.runs, configs=request.config, grids=request.grid,
+                 target=request.target)
+    launch = dict(id=uuid.uuid4().hex[:12], command=command, request=asked,
                   environment=world_environment(infos),
                   started=datetime.datetime.now(datetime.timezone.utc).isoformat())
-    lock, study, notes = open_study(args.study_dir, study_of(args, process), command, launch)
+    lock, study, notes = open_study(request.study_dir, study_of(request, process), command, launch)
     try:
-        runner_files(args, process)
-        plan = make_plan(args.study_dir, study, list(process.configs), args.runs, launch)
-        plan.update(data=process.info['data'], notes=notes + plan['notes'])
+        runner_files(request, process)
+        plan = make_plan(request.study_dir, study, list(process.configs), request.runs, launch,
+                         process.info['data'], notes)
     except BaseException:
         lock.close()
         raise
     return lock, plan
 
 
-def runner_files(args, process):
+def runner_files(request, process):
     """The files a study's analyses need beside its records: the held-out split of --val-split and
     the test labels that saved logits are scored against."""
-    if args.val_split:
-        held_out = validation_indices(len(process.data['train']['labels']), args.val_split,
-                                      args.seed)
-        atomic_write(StudyDir(args.study_dir).validation(),
-                     json.dumps({'seed': args.seed, 'indices': held_out.tolist()}))
-    if args.save_logits:
-        atomic_write(StudyDir(args.study_dir).test_labels(),
-                     json.dumps(process.data['test']['labels'].tolist()))
+    files = StudyDir(request.study_dir)
+    if request.val_split:
+        held_out = validation_indices(len(process.data['train']['labels']), request.val_split,
+                                      request.seed)
+        atomic_write(files.validation(),
+                     json.dumps({'seed': request.seed, 'indices': held_out.tolist()}))
+    if request.save_logits:
+        atomic_write(files.test_labels(), json.dumps(process.data['test']['labels'].tolist()))
 
 
-def first_plan(args, world, command):
+def read_plan(world):
+    """The Plan rank 0 published, or the SharedError of the error that stops every process."""
+    content = world.read('plan')
+    if 'error' in content:
+        raise SharedError(content['error'], content['exit_status'])
+    return Plan.from_json(content)
+
+
+def first_plan(request, world, command):
     """The launch's start: every process sets up and tells rank 0 its environment and data
     fingerprint (or its error); rank 0 checks them and DIR and publishes the plan (or the error that
-    stops every process)."""
+    stops every process). Returns this process's Process, the Plan and DIR's lock (rank 0's)."""
     process = None
     try:
         if world.local_rank != 0:  # one process per machine first: a download, the tensor cache
             world.store.wait_for(f'set_up/{world.node}')
-        process = setup_process(args, world)
+        process = setup_process(request, world)
         info = process.info
     except StudyError as error:
         info = dict(host=socket.gethostname(), error=str(error))
@@ -254,24 +306,19 @@ def first_plan(args, world, command):
     lock = None
     if world.rank == 0:
         try:
-            lock, plan = plan_launch(args, process, world.read_all('info'), command)
+            lock, plan = plan_launch(request, process, world.read_all('info'), command)
+            world.publish('plan', plan.to_json())
         except StudyError as error:
-            plan = {'error': str(error), 'exit_status': error.exit_status}
-        world.publish('plan', plan)
-    plan = world.read('plan')
-    if 'error' in plan:
-        raise SharedError(plan['error'], plan['exit_status'])
-    return process, plan, lock
+            world.publish('plan', {'error': str(error), 'exit_status': error.exit_status})
+    return process, read_plan(world), lock
 
 
-def join_plan(args, world):
+def join_plan(request, world):
     """A process that joins a running launch (a torchrun restart, of any rank): its own setup,
     checked against the plan's data; rank 0 takes DIR's lock again."""
-    plan = world.read('plan')
-    if 'error' in plan:
-        raise SharedError(plan['error'], plan['exit_status'])
-    process = setup_process(args, world)
-    if process.info['data'] != plan['data']:
+    plan = read_plan(world)
+    process = setup_process(request, world)
+    if process.info['data'] != plan.data:
         raise StudyError(f'rank {world.rank} ({socket.gethostname()}) sees other data than the '
                          'launch it joins; give every machine the same dataset in --data-dir')
-    return process, plan, lock_study_dir(args.study_dir) if world.rank == 0 else None
+    return process, plan, lock_study_dir(request.study_dir) if world.rank == 0 else None

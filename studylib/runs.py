@@ -183,12 +183,12 @@ class RecompileLimitHit(Exception):
 class Runner:
     """Trains runs of the study on this process's device and makes their records."""
 
-    def __init__(self, args, process, world, launch, recompile_limit_hits):
-        self.args, self.world, self.launch = args, world, launch
+    def __init__(self, request, process, world, launch, recompile_limit_hits):
+        self.request, self.world, self.launch = request, world, launch
         self.recompile_limit_hits = recompile_limit_hits  # studylib.device.recompile_limits's
         self.configs, self.scripts = process.configs, process.scripts
         self.flags = process.flags  # the flags after --: the same for every configuration
-        self.source_seeds = process.scripts[args.script].method.source_seeds  # runs stay paired
+        self.source_seeds = process.scripts[request.script].method.source_seeds  # runs stay paired
         self.device, self.precision, data = process.device, process.precision, process.data
         self.device_model = device_model(self.device)
         self.nets = []  # (script, the hyp['net'] entries it was built from, network)
@@ -200,9 +200,9 @@ class Runner:
         self.train_split, self.test_split = on_device(data['train']), on_device(data['test'])
         self.data = {key: data[key] for key in ('classes', 'mean', 'std')}
         self.held_out, self.eval_split = None, self.test_split
-        if args.val_split:
-            self.held_out = validation_indices(len(data['train']['labels']), args.val_split,
-                                               args.seed)
+        if request.val_split:
+            self.held_out = validation_indices(len(data['train']['labels']), request.val_split,
+                                               request.seed)
             self.eval_split = {key: value[self.held_out.to(self.device)]
                                for key, value in self.train_split.items()}
 
@@ -249,7 +249,7 @@ class Runner:
             try:
                 with self.variants.recording(self.net(config), self.net_label(config)) as seen:
                     warm_up_network(script.method, hyp, self.net(config), self.device,
-                                    self.precision, dummy, test_images, self.args.save_logits,
+                                    self.precision, dummy, test_images, self.request.save_logits,
                                     self.flags.epoch_eval)
             except Exception as error:  # noqa: BLE001: said in one line, the launch stopped
                 reason = self.compiles_eagerly() or f'{type(error).__name__}: {error}'
@@ -289,12 +289,12 @@ class Runner:
     def run_data(self, run):
         """The data of a run (its training subset, the evaluated split), its subset mask and the
         subset's seed."""
-        args, mask, subset_seed = self.args, None, None
-        if args.train_subset is not None:
-            subset_seed = derived_seed('subset', args.seed + run)
-        if args.train_subset is not None or self.held_out is not None:
-            mask = training_mask(len(self.train_split['labels']),
-                                 [] if self.held_out is None else self.held_out, args.train_subset,
+        request, mask, subset_seed = self.request, None, None
+        if request.train_subset is not None:
+            subset_seed = derived_seed('subset', request.seed + run)
+        if request.train_subset is not None or self.held_out is not None:
+            held_out = [] if self.held_out is None else self.held_out
+            mask = training_mask(len(self.train_split['labels']), held_out, request.train_subset,
                                  subset_seed)
         train_split = self.train_split if mask is None else {
             key: value[mask.to(self.device)] for key, value in self.train_split.items()}
@@ -322,8 +322,8 @@ class Runner:
 
     def train_run(self, config, run):
         started = datetime.datetime.now(datetime.timezone.utc).isoformat()
-        args, script, hyp = self.args, self.script(config), self.configs[config].hyp
-        seeds = run_seeds(self.source_seeds, args.seed, run, args.vary)
+        request, script, hyp = self.request, self.script(config), self.configs[config].hyp
+        seeds = run_seeds(self.source_seeds, request.seed, run, request.vary)
         data, mask, subset_seed = self.run_data(run)
         checks = self.flags.warmup and config not in self.variants.checked
         net = self.net(config)
@@ -339,8 +339,8 @@ class Runner:
         self.variants.checked.add(config)
         losses = result['epoch_train_losses']
         record = RunRecord(
-            config=config, run=run, script=script.label, seed=args.seed + run, seeds=seeds,
-            vary=args.vary, subset_seed=subset_seed, accuracy=result['tta_val_acc'],
+            config=config, run=run, script=script.label, seed=request.seed + run, seeds=seeds,
+            vary=request.vary, subset_seed=subset_seed, accuracy=result['tta_val_acc'],
             accuracy_on='test' if self.held_out is None else 'validation',
             test_acc=result['tta_val_acc'] if test_acc is None else test_acc,
             val_acc=result['val_acc'], total_time_seconds=result['total_time_seconds'],
@@ -359,14 +359,14 @@ class Runner:
     def evaluates_test_set(self):
         """Whether the study evaluates the test set after train(): for saved logits, or for the
         test accuracy where train() evaluated a validation split."""
-        return self.args.save_logits or self.held_out is not None
+        return self.request.save_logits or self.held_out is not None
 
     def test_logits(self, config, net):
         """A trained network's test logits in fp16: with the configuration's TTA, and plain where
         the study saves logits (else None)."""
         tta_level = self.configs[config].hyp['net']['tta_level']
         logits = self.logits(config, net, tta_level).half()
-        return logits, self.logits(config, net, 0).half() if self.args.save_logits else None
+        return logits, self.logits(config, net, 0).half() if self.request.save_logits else None
 
     def outputs(self, config, net, mask):
         """The saved outputs of a run (test logits with and without TTA in fp16, kept as computed,
@@ -376,9 +376,9 @@ class Runner:
         if self.evaluates_test_set():  # test logits: not what train() saw
             logits, plain = self.test_logits(config, net)
             test_acc = (logits.argmax(1) == self.test_split['labels']).float().mean().item()
-            if self.args.save_logits:
+            if self.request.save_logits:
                 outputs['logits'] = logits.cpu()
                 outputs['logits_plain'] = plain.cpu()
-        if self.args.train_subset is not None:
+        if self.request.train_subset is not None:
             outputs['train_mask'] = mask
         return outputs, test_acc

@@ -5,7 +5,7 @@ import importlib.util
 import inspect
 import os
 import re
-import types
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .errors import StudyError
@@ -44,14 +44,28 @@ METHOD_API = {
 }
 
 
-@dataclass
+@dataclass(frozen=True)
+class Method:
+    """What the engine may use of a loaded script: METHOD_API's names (its fields), nothing else of
+    the module, so that the engine cannot come to depend on another by accident."""
+    hyp: dict
+    HYP_CHOICES: dict
+    HYP_RANGES: dict
+    train: Callable
+    build_net: Callable
+    infer: Callable
+    CifarLoader: type
+    source_seeds: Callable
+
+
+@dataclass(frozen=True)
 class Script:
     """A script of the study, loaded in this process: its label (how study.json names it), file,
-    code's SHA-256 and method (method_of: METHOD_API's names, and nothing else of the module)."""
+    code's SHA-256 and Method."""
     label: str
     path: str
     sha256: str
-    method: types.SimpleNamespace
+    method: Method
 
 
 def available_scripts():
@@ -113,28 +127,34 @@ def load_script(path):
                          f'defines the method ({", ".join(METHOD_API)}: a script\'s part above '
                          'the banner), and needs nothing below it')
     for name, part in METHOD_API.items():
-        taken = leading_parameters(getattr(script, name), len(part.parameters))
+        taken = leading_parameters(getattr(script, name), part.parameters)
         if taken != part.parameters:
             raise StudyError(f'{path}: its {name} takes ({", ".join(taken)}) first, where study.py '
                              f'passes ({", ".join(part.parameters)}): {part.expected}')
     return script
 
 
-def leading_parameters(member, count):
-    """The names of member's first count parameters (a class: its constructor's)."""
-    if count == 0:
+def leading_parameters(member, expected):
+    """The names of member's first parameters, as many as expected has (a class: its
+    constructor's); a *args among them stands for the expected names from there on (a wrapper's
+    (data, hyp, *args, **kwargs) passes them on)."""
+    if not expected:
         return ()
     try:
-        parameters = inspect.signature(member).parameters
+        parameters = list(inspect.signature(member).parameters.values())
     except (TypeError, ValueError):  # not callable
         return ()
-    return tuple(parameters)[:count]
+    names = []
+    for parameter in parameters[:len(expected)]:
+        if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
+            return (*names, *expected[len(names):])
+        names.append(parameter.name)
+    return tuple(names)
 
 
 def method_of(module):
-    """What the engine may use of a loaded script: METHOD_API's names, nothing else (an attribute
-    outside it raises AttributeError: the engine cannot come to depend on one by accident)."""
-    return types.SimpleNamespace(**{name: getattr(module, name) for name in METHOD_API})
+    """The Method of a loaded script (load_script checked that it has METHOD_API)."""
+    return Method(**{name: getattr(module, name) for name in METHOD_API})
 
 
 def open_script(label):

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import REPO
 
-DOCUMENTS = ['README.md', 'CHANGELOG.md', *sorted(
+DOCUMENTS = ['README.md', 'CHANGELOG.md', 'tools/README.md', *sorted(
     os.path.relpath(path, REPO) for path in glob.glob(os.path.join(REPO, 'docs', '*.md')))]
 LINK = re.compile(r'\]\(([^)\s]+)\)')
 CODE = re.compile(r'`([^`\s]+)`')
@@ -68,8 +68,20 @@ def test_named_repository_paths_exist(document):
 
 @pytest.mark.parametrize('document', DOCUMENTS)
 def test_no_path_outside_the_repository(document):
-    assert not re.search(r'\.\./|/work/|/tmp/', read(document)), \
+    text = read(document)
+    for target in LINK.findall(text):  # a link up from docs/ or tools/ into the repository
+        resolved = os.path.normpath(os.path.join(REPO, os.path.dirname(document), target))
+        if resolved.startswith(REPO + os.sep):
+            text = text.replace(f']({target})', ']()')
+    assert not re.search(r'\.\./|/work/|/tmp/', text), \
         f'{document} names a path outside the repository'
+
+
+def test_every_tool_has_its_line_in_the_tools_readme():
+    listed = set(re.findall(r'^\| `([\w.]+)` \|', read('tools/README.md'), re.MULTILINE))
+    tools = {name for name in os.listdir(os.path.join(REPO, 'tools'))
+             if name.endswith(('.py', '.sh'))}
+    assert listed == tools
 
 
 def test_readme_install_and_test_commands_are_what_ci_runs():

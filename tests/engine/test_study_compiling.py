@@ -10,6 +10,7 @@ import os
 import pickle
 import threading
 import time
+import types
 
 import pytest
 import torch
@@ -155,9 +156,9 @@ def machine(rank, local_rank, store, monkeypatch):
     monkeypatch.setenv('RANK', str(rank))
     monkeypatch.setenv('LOCAL_RANK', str(local_rank))
     monkeypatch.setenv('WORLD_SIZE', '2')
-    world = World(store)
+    world = World.of_environment(store)
     world.join()
-    runner = type('Runner', (), {'launch': 'L', 'args': type('Args', (), {'lost_after': 1.0})})
+    runner = types.SimpleNamespace(launch='L', request=types.SimpleNamespace(lost_after=1.0))
     return world, runner
 
 

@@ -24,6 +24,7 @@ from test_study import (finish, launch, record_files, records, study_main, study
 load_script('study')  # puts the repository on the path
 from studylib import distribute  # noqa: E402
 from studylib.collect import Collector  # noqa: E402
+from studylib.plan import Plan  # noqa: E402
 from studylib.records import Message, RunRecord  # noqa: E402
 
 RUNS = ['--runs', '8', '--', *training(width=32, epochs=2)]
@@ -123,9 +124,10 @@ def test_the_holder_of_a_lease_alone_is_written(tmp_path):
     record, published under its own token, is never written; B's is, once."""
     shared = dist.HashStore()
     store = distribute.ResilientStore(connect=lambda: shared)
-    a, b = distribute.World(store), distribute.World(store)
-    b.token = 'b-token'
-    plan = dict(jobs=[['c', 0]], total=1, launch='x')
+    a = distribute.World.of_environment(store)
+    b = dataclasses.replace(distribute.World.of_environment(store), token='b-token')
+    plan = Plan(launch='x', jobs=(('c', 0),), total=1, finished=0, environment={}, notes=(),
+                data='')
     queue_a, queue_b = distribute.Queue(a, 1, lost_after=60), distribute.Queue(b, 1, lost_after=60)
     assert queue_a.claim() == (0, 1)
     assert queue_b.claim() is None  # A is alive: nothing to take
@@ -249,7 +251,7 @@ def test_sigterm_keeps_the_finished_runs_and_the_same_command_continues(image_fo
 def test_the_heartbeat_stops_however_its_block_is_left():
     """Stopped and waited for, on an error too: a daemon thread left inside a store call when the
     interpreter exits aborts the process (exit status 134) after a study that succeeded."""
-    world = distribute.World(distribute.ResilientStore(connect=dist.HashStore))
+    world = distribute.World.of_environment(distribute.ResilientStore(connect=dist.HashStore))
     with pytest.raises(KeyError):
         with distribute.Heartbeat(world) as heartbeat:
             assert heartbeat.is_alive()
