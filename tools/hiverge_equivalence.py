@@ -7,6 +7,12 @@ loads the published definitions as tools/reference.py does (CUDA redirected to t
 under bf16 autocast, or in fp32 with --precision fp32) and compares:
 - the networks: parameters and buffers in the same order and shapes; the logits, the loss, the
   gradients and the BatchNorm statistics of one training step, and the logits in evaluation mode;
+- the CUDA recipe's precision per layer: the published CifarNet as written (every module halved,
+  BatchNorm too; this tool otherwise runs it in our CPU precision) against ours from build_net(...,
+  'fp16'): every parameter and buffer with the same dtype, in the same order and shapes; then, on
+  this CPU's fp16 kernels (eager: slow, and only a check of the arithmetic), one training step of
+  both from the same weights on the same batch, compared as above (the loss as our train() takes
+  it, the cross-entropy of the logits in fp32);
 - the whitening filters from the same 960 images (the published takes torch.svd of the patches'
   second-moment matrix, ours eigh: equal up to each eigenvector's sign);
 - the jitter: the published draws from torch's global generator, our loader from a generator seeded
@@ -32,6 +38,7 @@ Usage: python tools/hiverge_equivalence.py PATH/cifar10_speedrun.py --data-dir D
            [--epochs 1] [--precision auto|bf16|fp32] [--workdir /tmp/airbench-reference]
 Prints one JSON line per check.
 """
+import collections
 import contextlib
 import functools
 import json
@@ -41,6 +48,7 @@ import types
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -52,6 +60,11 @@ from studylib.data import load_study_data  # noqa: E402
 from studylib.device import resolve_device_precision  # noqa: E402
 
 PRECISION = 'bf16'  # or 'fp32' (--precision): the recipe both run in
+# fp16 as PyTorch has it: load_published maps half() to float() (tools/reference.py); the fp16
+# recipe's check builds the published network with these
+MODULE_HALF = nn.Module.half
+TENSOR_HALF = torch.Tensor.half
+FP16_BATCH = 64  # images of the fp16 step: the CPU's fp16 kernels are slow (docs/cpu.md)
 JITTER = {'enabled': True, 'brightness_range': 0.1399, 'contrast_range': 0.1308}
 
 
@@ -66,6 +79,7 @@ def load_published(path, epochs):
         reference.STEPS_IN_EPOCHS.sub(f'total_train_steps = ceil({epochs!r} * len(train_loader))',
                                       source)))
     network = published['CifarNet']
+    published['CifarNet.forward as written'] = network.forward  # the fp16 recipe's check runs it
     network.forward = reference.in_precision(network.forward, PRECISION == 'bf16')
     published['print_training_details'] = lambda *args, **kwargs: None
     return published
@@ -104,6 +118,44 @@ def same_networks(published):
     result = dict(check='network', same_entries_and_shapes=same_shapes,
                   same_trained=trained[0] == trained[1], **step)
     return result, [p.grad.clone() for p in mine.parameters() if p.grad is not None and p.ndim == 4]
+
+
+def entry_dtypes(net):
+    """{state dict entry: its dtype's name}, in order."""
+    return {name: str(t.dtype).removeprefix('torch.') for name, t in net.state_dict().items()}
+
+
+def same_fp16_recipe(published):
+    """The published CifarNet with every module halved, as written, against ours built in the fp16
+    recipe: entries of the same shape and dtype, in order; then one training step of both from the
+    same weights on one batch in fp16 (eager, on this CPU's kernels)."""
+    with equivalence.stood_in(nn.Module, half=MODULE_HALF), \
+            equivalence.stood_in(torch.Tensor, half=TENSOR_HALF):
+        theirs = published['CifarNet']()
+        theirs.reset()
+        mine = ours.build_net(ours.hyp['net'], 10, CPU, 'fp16')
+    theirs.forward = types.MethodType(published['CifarNet.forward as written'], theirs)
+    their_dtypes = entry_dtypes(theirs)
+    my_dtypes = entry_dtypes(mine)
+    their_shapes = [tuple(t.shape) for t in theirs.state_dict().values()]
+    my_shapes = [tuple(t.shape) for t in mine.state_dict().values()]
+    differing = [name for name, theirs_dtype, my_dtype
+                 in zip(my_dtypes, their_dtypes.values(), my_dtypes.values())
+                 if theirs_dtype != my_dtype]
+    batchnorm = [f'{name}.{entry}' for name, module in mine.named_modules()
+                 if isinstance(module, nn.BatchNorm2d)
+                 for entry in ('weight', 'bias', 'running_mean', 'running_var')]
+    mine.load_state_dict(our_state(theirs.state_dict()))
+    inputs = torch.randn(FP16_BATCH, 3, 32, 32, dtype=torch.half)
+    labels = torch.randint(10, (FP16_BATCH,))
+    step = equivalence.one_training_step(theirs, mine,
+                                         inputs.contiguous(memory_format=torch.channels_last),
+                                         labels, 0.09, contextlib.nullcontext())
+    return dict(check='fp16 recipe', entries=len(my_dtypes), same_shapes=their_shapes == my_shapes,
+                same_dtypes=not differing, differing_dtypes=differing,
+                published_dtypes=collections.Counter(their_dtypes.values()),
+                our_batchnorm_dtypes=sorted({my_dtypes[name] for name in batchnorm}),
+                images=FP16_BATCH, **step)
 
 
 def same_whitening(published, images):
@@ -323,6 +375,8 @@ def main():
     torch.manual_seed(0)
     network, gradients = same_networks(published)
     print(json.dumps(network), flush=True)
+    with torch.random.fork_rng(devices=[]):  # the later checks draw as they did without it
+        print(json.dumps(same_fp16_recipe(published)), flush=True)
     train_loader = published['CifarLoader']('cifar10', train=True)
     images = train_loader.normalize(train_loader.images[:ours.hyp['net']['whiten_images']])
     print(json.dumps(same_whitening(published, images)), flush=True)

@@ -44,7 +44,7 @@ the timed windows (_local_scalar_dense as .item() reads, nonzero as boolean-mask
 masked_select, equal) and the timed windows (each ends with a synchronization on CUDA). As on
 CUDA: torch.compile keeps dynamo and AOTAutograd, as inductor traces, and runs the graphs' ATen
 operators (aot_eager's); ours' compiles(device) is True and they run in the CUDA recipe (fp16
-weights, fp32 BatchNorm); SGD is fused where the script asks for fused on CUDA (ours pass
+weights, BatchNorm in fp32 but in airbench94_hiverge); SGD is fused where the script asks for fused on CUDA (ours pass
 fused=device.type == 'cuda'), else foreach (CUDA's default); a published script runs through
 tools/reference.py's redirection of CUDA to the CPU, but with its fp16 and torch.compile kept.
 Small and quick: random uint8 images, batches of --batch-size (8) instead of the script's and

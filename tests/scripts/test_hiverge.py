@@ -362,11 +362,12 @@ def test_a_reused_network_trains_exactly_like_a_fresh_one_and_seeds_matter(hiver
 
 # ------------------------------------------ CUDA path ------------------------------------------
 def test_whole_training_step_on_the_meta_device_in_the_cuda_recipe(hiverge):
-    from test_cuda_path import recipe_dtypes
+    from test_cuda_path import recipe_dtypes, recipe_dtypes_held
     meta = torch.device('meta')
     net = hiverge.build_net(hiverge.hyp['net'], 10, meta, 'fp16')  # meta: not compiled
-    expected = recipe_dtypes(net)
-    assert {name: p.dtype for name, p in net.named_parameters()} == expected
+    expected = recipe_dtypes(net, 'airbench94_hiverge')
+    assert expected['2.norm1.bias'] == expected['2.norm1.running_var'] == torch.float16
+    assert recipe_dtypes_held(net, 'airbench94_hiverge')  # every layer in fp16, as published
     opt = hiverge.hyp['opt']
     filters, sgd_groups = hiverge.optimizer_groups(net, opt['bias_lr'], opt['head_lr'],
                                                    opt['weight_decay'], 16)
@@ -381,7 +382,9 @@ def test_whole_training_step_on_the_meta_device_in_the_cuda_recipe(hiverge):
     sgd.step()
     muon.step(torch.ones((), dtype=torch.bool, device=meta))
     assert outputs.dtype == torch.float16 and loss.dtype == torch.float32
-    assert {name: p.dtype for name, p in net.named_parameters()} == expected  # kept by the steps
+    grads = {name: p.grad.dtype for name, p in net.named_parameters() if p.requires_grad}
+    assert grads == {name: expected[name] for name in grads} and '2.norm1.bias' in grads
+    assert recipe_dtypes_held(net, 'airbench94_hiverge')  # kept by the steps
     assert all(muon.state[p]['momentum'].dtype == torch.float16 for p in filters)  # as published
     logits = hiverge.infer(net, torch.empty(10, 3, 32, 32, device=meta, dtype=torch.float16), 2,
                            torch.autocast('cuda', enabled=False), batch_size=4, tta_fraction=0.5)
