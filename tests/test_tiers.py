@@ -1,4 +1,4 @@
-"""The quick tier stays quick (issue #34): a test that starts processes (a script run as a user
+"""The quick tier stays quick: a test that starts processes (a script run as a user
 runs it, study.py under torchrun) or trains on the real data is marked slow, judged from what it
 calls, directly or through the helpers and fixtures of tests/ (read from their source). What the
 source does not show (a process started by a library, as inductor's compiler, or through an alias)

@@ -1,4 +1,4 @@
-"""The paper's experiments in studies/ (issue #20): each runs its study with tiny trainings and
+"""The paper's experiments in studies/: each runs its study with tiny trainings and
 writes the paper-shaped table from the records, with the numbers of the records."""
 import os
 import re

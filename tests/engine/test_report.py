@@ -1,20 +1,27 @@
-"""A study's report from its records (issues #26 and #28), on study directories written here as
-study.py writes them: every analysis that cannot be made says why and the rest is written (a flat
-curve, a diverged configuration, a single epoch count, every run failed); comparisons paired by
-design, Holm-adjusted, with planning figures and time ratios; honest labels; plots with legends;
-the variance analysis streamed over runs equal to the in-memory one, and extended run by run."""
+"""A study's report from its records, on study directories written here as study.py writes
+them: every analysis that cannot be made says why and the rest is written (a flat curve, a
+diverged configuration, a single epoch count, every run failed); comparisons paired by design,
+Holm-adjusted, with planning figures and time ratios; honest labels; plots with legends; the
+variance analysis streamed over runs equal to the in-memory one, and extended run by run; the
+power-law fits as the report shows them (misfits marked, paired curves)."""
 import json
+import math
 import os
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
 from conftest import REPO
+from power_law_runs import EPOCHS, LAW, SHORT_ALTERNATING, SHORT_RANDOM, synthetic_runs
 from test_study import study_main  # noqa: F401  (a fixture)
 
 import study  # noqa: E402
-from studylib import plots, tables  # noqa: E402
+from studylib import analysis, markdown, plots, tables  # noqa: E402
+from studylib.config import Config  # noqa: E402
+from studylib.stats.fits import (effective_speedup_interval,  # noqa: E402
+                                 epochs_to_accuracy_interval, fit_power_law)
 from studylib.stats import variance  # noqa: E402
 
 HYP = {'opt': {'train_epochs': 10.0, 'lr': 11.5}, 'aug': {'flip': 'alternating'},
@@ -88,7 +95,7 @@ def accuracy_at(epochs, rng, noise=0.0015):
 
 
 def test_flat_curve_and_diverged_configuration_leave_the_report_whole(tmp_path):
-    """The issue's flat curve (0.94 +- 0.05 points at 40, 80, 160 epochs, 4 runs, target 0.94)
+    """A flat curve (0.94 +- 0.05 points at 40, 80, 160 epochs, 4 runs, target 0.94)
     beside a falling one and a configuration whose every run diverged: all outputs are written;
     what cannot be computed says why; `study.py report` exits 0."""
     study_dir = str(tmp_path / 'flat')
@@ -349,13 +356,13 @@ def _unlocked(study_dir):
     return True
 
 
-# Claims a referee signs (issue 35)
+# Claims a referee signs
 
 NINE = [0.93947, 0.93986, 0.94011, 0.94037, 0.9405, 0.94063, 0.94082, 0.94121, 0.94153]
 
 
 def test_record_claims_count_diverged_runs_and_are_holm_adjusted(tmp_path):
-    """The issue's study: a configuration of nine runs about 94.05% and one that diverged at 10%,
+    """A study: a configuration of nine runs about 94.05% and one that diverged at 10%,
     beside two others. Its claim counts the diverged run (p = 0.827, not the 0.024 of the nine),
     shows the divergence rate with its exact interval and the one-sided bound beside the verdict;
     the three claims are one Holm family. The configurations table no longer holds a verdict."""
@@ -574,3 +581,81 @@ def test_epochs_plot_draws_no_law_where_none_fits_and_keeps_intervals_in_0_1(tmp
     assert low[2] == 0.0 and (high <= 1).all()
     bottom, top = axes.get_ylim()  # the smallest and largest error shown, with a margin
     assert (bottom, top) == pytest.approx((0.001 / 1.25, 0.4 * 1.25))
+
+
+# The fits as the report shows them (studylib.analysis)
+
+def speedup_of(curves):
+    """analysis.speedup_analysis of {base: {epochs: per-run accuracies}} as a study would hold it."""
+    configs, rows = {}, []
+    for base, curve in curves.items():
+        for epochs, accuracies in curve.items():
+            name = f'{base},train_epochs={epochs:g}'
+            configs[name] = Config(name=name, script='airbench94', base=base,
+                                   grid={'opt.train_epochs': f'{epochs:g}'},
+                                   hyp={'opt': {'train_epochs': epochs}})
+            rows += [dict(config=name, run=run, accuracy=a) for run, a in enumerate(accuracies)]
+    return analysis.speedup_analysis(pd.DataFrame(rows), configs, target=None)
+
+
+def test_report_says_when_speedups_rest_on_a_misfit():
+    """The summary carries each curve's fitted accuracies and bounds; the report marks every
+    number derived from a curve whose fit stopped at a bound, and only those."""
+    found = speedup_of({'random': SHORT_RANDOM, 'alternating': SHORT_ALTERNATING})
+    random = found['curves']['random']
+    assert random['fit']['at_bounds'] == ['c']
+    assert random['fitted_accuracy'] == pytest.approx(
+        [1 - fit_power_law([0.5, 1, 2], [1 - np.mean(SHORT_RANDOM[e]) for e in (0.5, 1, 2)])
+         .error_at(e) for e in (0.5, 1, 2)])
+    speedups = found['curves']['alternating']['speedup'].values()
+    assert all(not s['reliable'] and 'stopped at the bound of c' in s['reason']
+               for s in speedups if s['estimate'] is not None)
+    notes = [line for line in markdown.speedup_lines(found) if line.startswith(markdown.DAGGER)]
+    assert notes and all('stopped at the bound of c' in line for line in notes)
+    free = speedup_of({'b': {e: [1 - float(LAW.error_at(e)) + d for d in (-0.001, 0, 0.001)]
+                             for e in EPOCHS}})
+    assert free['curves']['b']['fit']['at_bounds'] == []
+    assert not [line for line in markdown.speedup_lines(free) if 'stopped at the bound' in line]
+
+
+def test_curves_whose_runs_share_seeds_are_paired():
+    """Run i of every epoch count and configuration shares its seeds (study.py's design): the
+    curve's intervals are paired, the same as fits' own with paired=True; rows without seeds (or
+    with other seeds) are not."""
+    runs = synthetic_runs(4, 0.0015, seed=11)
+    faster = {e: 1 - float(LAW.error_at(1.25 * e)) + np.random.default_rng(12).normal(0, 0.0015, 4)
+              for e in EPOCHS}
+    configs, rows = {}, []
+    for base, curve in (('base', runs), ('fast', faster)):
+        for epochs, accuracies in curve.items():
+            name = f'{base},train_epochs={epochs:g}'
+            configs[name] = Config(name=name, script='airbench94', base=base,
+                                   grid={'opt.train_epochs': f'{epochs:g}'},
+                                   hyp={'opt': {'train_epochs': epochs}})
+            rows += [dict(config=name, run=run, accuracy=a, seed_init=run, seed_order=run,
+                          seed_aug=run) for run, a in enumerate(accuracies)]
+    found = analysis.speedup_analysis(pd.DataFrame(rows), configs, target=0.94)
+    curve = found['curves']['fast']
+    assert curve['design'] == 'paired' and curve['epochs_to_target']['paired']
+    assert curve['epochs_to_target']['ci_low'] == pytest.approx(epochs_to_accuracy_interval(
+        faster, 0.94, paired=True)['ci_low'])
+    assert curve['speedup']['20.0']['ci_high'] == pytest.approx(effective_speedup_interval(
+        runs, faster[20], 20, paired=True)['ci_high'])
+    unseeded = speedup_of({'base': runs, 'fast': faster})
+    assert unseeded['curves']['fast']['design'] == 'unpaired'
+
+
+def test_report_flags_a_curve_that_no_power_law_fits():
+    """Errors 0.055 + 0.25 exp(-epochs / 6), 5 runs per cell: the curve's lack-of-fit test
+    rejects the law, the report shows "bad fit" with its reason, and the speedups derived from it
+    are marked."""
+    rng = np.random.default_rng(13)
+    curve = {e: 1 - (0.055 + 0.25 * math.exp(-e / 6)) + rng.normal(0, 0.0015, 5)
+             for e in (5, 10, 20, 40)}
+    other = {e: values + 0.002 for e, values in curve.items()}
+    found = speedup_of({'exponential': curve, 'other': other})
+    assert found['curves']['exponential']['lack_of_fit']['p_value'] < 0.05
+    lines = markdown.speedup_lines(found)
+    assert any('bad fit' in line for line in lines)
+    assert any(line.startswith(markdown.DAGGER) and 'does not fit' in line for line in lines)
+    assert all(not s['reliable'] for s in found['curves']['other']['speedup'].values())

@@ -1,4 +1,4 @@
-"""study.py (issue #15): every run of every configuration trained exactly once across processes and
+"""study.py: every run of every configuration trained exactly once across processes and
 machines, resumption after kill -9 and after a lost machine, seeds per source, training subsets,
 held-out validation and saved logits, the statistics against scipy's, and bad input refused."""
 import fcntl

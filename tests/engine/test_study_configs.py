@@ -1,4 +1,4 @@
-"""study.py's configurations (issue #20): any script, also outside the repository, grids, studies
+"""study.py's configurations: any script, also outside the repository, grids, studies
 that gain configurations, paired seeds across scripts, warmup before timing, load_study, the
 report rebuilt without training, and bad input refused in one line."""
 import json

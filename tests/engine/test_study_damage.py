@@ -1,4 +1,4 @@
-"""A study directory damaged on disk (issue #33): a record or saved outputs cut short, a record
+"""A study directory damaged on disk: a record or saved outputs cut short, a record
 of another format or another run's place, a study.json cut short, a directory that no
 configuration names, a disk that fills while a record is written. Reading a record is checking
 it: what cannot be read is never counted, is set aside (kept) and its run trained again with the

@@ -1,4 +1,4 @@
-"""study.py's engine (issue #28): a study of the stand-in script (tests/stand_in_script.py, its
+"""study.py's engine: a study of the stand-in script (tests/stand_in_script.py, its
 method alone) gives the figures of its known curve; the engine's work per run does not grow with
 the runs; one Config from the command line to study.json and back, and today's study.json opens;
 a copy that defines only its method; the command line's traps; a report that fails never replaces

@@ -1,4 +1,4 @@
-"""study.py at scale (issue #21): a process killed under torchrun --max-restarts is replaced and
+"""study.py at scale: a process killed under torchrun --max-restarts is replaced and
 the same launch completes the study, every run once, without waiting out a timeout (one node and
 two, static and c10d rendezvous, a worker and rank 0); a stopped process's run is taken over and
 its late record dropped; a run that raises is recorded and retried by the next launch; SIGTERM

@@ -1,4 +1,4 @@
-"""study.py on a GPU, checked without one (issue 41): the engine's whole device path under a stand-in
+"""study.py on a GPU, checked without one: the engine's whole device path under a stand-in
 for the CUDA driver that keeps torch's own rules (tests/cuda_stand_in.py): --device auto, cuda and
 cuda:N at world sizes 1 and 2, setup_process, prepare_device and the environment record; a GPU past
 the last refused in one line; a run that fails with a CUDA error still recorded. What a GPU would

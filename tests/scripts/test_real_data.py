@@ -14,7 +14,7 @@ REAL_DATA = os.environ.get('AIRBENCH_REAL_DATA')
 # Half an epoch of airbench94 (the whole schedule shrunk to 24 steps of 1024) reached, on a 2-core
 # AMD EPYC with native bf16 and seeds per source (commit 0f7f7c7), 0.5416 (seed 0) and 0.5347
 # (seed 1) TTA accuracy in fp32, 0.5433 and 0.5376 in bf16; with the folder's own mean and std
-# (issue 37, f958452) 0.5416 (seed 0) in fp32, 0.5424 and 0.5373 in bf16; before seeds per
+# (f958452) 0.5416 (seed 0) in fp32, 0.5424 and 0.5373 in bf16; before seeds per
 # source, 0.5249 and 0.5345 in fp32 on an AVX2 host. Chance is 0.10. The margin of 5.5 points below the lowest covers
 # other seeds and CPUs; labels out of step with their images, wrong normalization statistics or a
 # broken whitening cost far more. (Half an epoch rather than one, measured at 0.6814, saves ~4.5

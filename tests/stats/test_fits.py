@@ -8,29 +8,21 @@ import math
 import sys
 
 import numpy as np
-import pandas as pd
 import pytest
 from scipy import stats
 
 from conftest import REPO, load_tool
+from power_law_runs import EPOCHS, LAW, SHORT_RANDOM, synthetic_runs
 
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 import study  # noqa: E402
-from studylib import analysis, markdown  # noqa: E402
-from studylib.config import Config  # noqa: E402
 from studylib.stats import fits  # noqa: E402
-from studylib.stats.fits import (PowerLaw, effective_speedup, effective_speedup_interval,  # noqa: E402
+from studylib.stats.fits import (effective_speedup, effective_speedup_interval,  # noqa: E402
                                  epochs_to_accuracy, epochs_to_accuracy_interval, fit_power_law)
 
 PAPER = load_tool('paper_speedups')
-
-
-EPOCHS = [10, 20, 40, 80]
-
-
-LAW = PowerLaw(a=-1.3, b=0.5, c=0.05)
 
 
 # The two cells of tab:altflip that the raw table does not give, with the values it gives (percent)
@@ -38,13 +30,6 @@ UNREPRODUCED = {(False, True, 20): 24.628, (True, True, 10): 1.282}
 
 
 CELLS = [(cutout, tta, index) for (cutout, tta) in PAPER.PAPER_SPEEDUPS for index in range(4)]
-
-
-def synthetic_runs(runs, noise, seed, law=LAW, epochs=EPOCHS):
-    """{epochs: per-run accuracies}: the law's accuracy 1 - error plus Gaussian noise between runs
-    (noise 0.0015 is about airbench94's 0.15% standard deviation)."""
-    rng = np.random.default_rng(seed)
-    return {e: 1 - float(law.error_at(e)) + rng.normal(0, noise, runs) for e in epochs}
 
 
 @pytest.mark.parametrize('cutout,tta,index', CELLS)
@@ -116,11 +101,6 @@ def test_three_points_are_interpolated():
     law = fit_power_law([10, 20, 40], errors)
     assert law.error_at([10, 20, 40]) == pytest.approx(errors, abs=1e-12)
     assert law.at_bounds == ()
-
-
-# airbench94 with random and alternating flip at 0.5, 1 and 2 epochs on a CPU (docs/results.md,
-# "A demonstration"): TTA accuracies of runs 0 and 1. Its errors fall faster and faster.
-SHORT_RANDOM = {0.5: [0.5475, 0.5418], 1: [0.6751, 0.6798], 2: [0.8147, 0.8099]}
 
 
 def test_errors_falling_ever_faster_fit_no_law_and_the_fit_says_so():
@@ -355,84 +335,3 @@ def test_lack_of_fit_rejects_a_curve_that_is_no_power_law():
         result = study.epochs_to_accuracy_interval(runs, 0.94, draws=500)
         assert result['lack_of_fit']['p_value'] < 0.05
         assert not result['reliable'] and 'the power law does not fit' in result['reason']
-
-
-# The fits as the report shows them (studylib.analysis)
-
-SHORT_ALTERNATING = {0.5: [0.5433, 0.5376], 1: [0.6848, 0.6791], 2: [0.8106, 0.8102]}
-
-
-def speedup_of(curves):
-    """analysis.speedup_analysis of {base: {epochs: per-run accuracies}} as a study would hold it."""
-    configs, rows = {}, []
-    for base, curve in curves.items():
-        for epochs, accuracies in curve.items():
-            name = f'{base},train_epochs={epochs:g}'
-            configs[name] = Config(name=name, script='airbench94', base=base,
-                                   grid={'opt.train_epochs': f'{epochs:g}'},
-                                   hyp={'opt': {'train_epochs': epochs}})
-            rows += [dict(config=name, run=run, accuracy=a) for run, a in enumerate(accuracies)]
-    return analysis.speedup_analysis(pd.DataFrame(rows), configs, target=None)
-
-
-def test_report_says_when_speedups_rest_on_a_misfit():
-    """The summary carries each curve's fitted accuracies and bounds; the report marks every
-    number derived from a curve whose fit stopped at a bound, and only those."""
-    found = speedup_of({'random': SHORT_RANDOM, 'alternating': SHORT_ALTERNATING})
-    random = found['curves']['random']
-    assert random['fit']['at_bounds'] == ['c']
-    assert random['fitted_accuracy'] == pytest.approx(
-        [1 - fit_power_law([0.5, 1, 2], [1 - np.mean(SHORT_RANDOM[e]) for e in (0.5, 1, 2)])
-         .error_at(e) for e in (0.5, 1, 2)])
-    speedups = found['curves']['alternating']['speedup'].values()
-    assert all(not s['reliable'] and 'stopped at the bound of c' in s['reason']
-               for s in speedups if s['estimate'] is not None)
-    notes = [line for line in markdown.speedup_lines(found) if line.startswith(markdown.DAGGER)]
-    assert notes and all('stopped at the bound of c' in line for line in notes)
-    free = speedup_of({'b': {e: [1 - float(LAW.error_at(e)) + d for d in (-0.001, 0, 0.001)]
-                             for e in EPOCHS}})
-    assert free['curves']['b']['fit']['at_bounds'] == []
-    assert not [line for line in markdown.speedup_lines(free) if 'stopped at the bound' in line]
-
-
-def test_curves_whose_runs_share_seeds_are_paired():
-    """Run i of every epoch count and configuration shares its seeds (study.py's design): the
-    curve's intervals are paired, the same as fits' own with paired=True; rows without seeds (or
-    with other seeds) are not."""
-    runs = synthetic_runs(4, 0.0015, seed=11)
-    faster = {e: 1 - float(LAW.error_at(1.25 * e)) + np.random.default_rng(12).normal(0, 0.0015, 4)
-              for e in EPOCHS}
-    configs, rows = {}, []
-    for base, curve in (('base', runs), ('fast', faster)):
-        for epochs, accuracies in curve.items():
-            name = f'{base},train_epochs={epochs:g}'
-            configs[name] = Config(name=name, script='airbench94', base=base,
-                                   grid={'opt.train_epochs': f'{epochs:g}'},
-                                   hyp={'opt': {'train_epochs': epochs}})
-            rows += [dict(config=name, run=run, accuracy=a, seed_init=run, seed_order=run,
-                          seed_aug=run) for run, a in enumerate(accuracies)]
-    found = analysis.speedup_analysis(pd.DataFrame(rows), configs, target=0.94)
-    curve = found['curves']['fast']
-    assert curve['design'] == 'paired' and curve['epochs_to_target']['paired']
-    assert curve['epochs_to_target']['ci_low'] == pytest.approx(epochs_to_accuracy_interval(
-        faster, 0.94, paired=True)['ci_low'])
-    assert curve['speedup']['20.0']['ci_high'] == pytest.approx(effective_speedup_interval(
-        runs, faster[20], 20, paired=True)['ci_high'])
-    unseeded = speedup_of({'base': runs, 'fast': faster})
-    assert unseeded['curves']['fast']['design'] == 'unpaired'
-
-
-def test_report_flags_a_curve_that_no_power_law_fits():
-    """Errors 0.055 + 0.25 exp(-epochs / 6), 5 runs per cell: the curve's lack-of-fit test
-    rejects the law, the report shows "bad fit" with its reason, and the speedups derived from it
-    are marked."""
-    rng = np.random.default_rng(13)
-    curve = {e: 1 - (0.055 + 0.25 * math.exp(-e / 6)) + rng.normal(0, 0.0015, 5)
-             for e in (5, 10, 20, 40)}
-    other = {e: values + 0.002 for e, values in curve.items()}
-    found = speedup_of({'exponential': curve, 'other': other})
-    assert found['curves']['exponential']['lack_of_fit']['p_value'] < 0.05
-    lines = markdown.speedup_lines(found)
-    assert any('bad fit' in line for line in lines)
-    assert any(line.startswith(markdown.DAGGER) and 'does not fit' in line for line in lines)
-    assert all(not s['reliable'] for s in found['curves']['other']['speedup'].values())

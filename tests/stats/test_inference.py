@@ -93,7 +93,7 @@ def test_target_test_is_scipys_one_sided_t_test():
     assert study.target_test([0.94], 0.94)['reason'] == 'fewer than 2 runs'
 
 
-# The issue's record claims: nine runs about 94.05% and one that diverged at 10%; and ten runs whose
+# Record claims: nine runs about 94.05% and one that diverged at 10%; and ten runs whose
 # two-sided 95% interval [0.93990, 0.94164] holds 0.94 while the one-sided p is 0.038.
 NINE = [0.93947, 0.93986, 0.94011, 0.94037, 0.9405, 0.94063, 0.94082, 0.94121, 0.94153]
 
@@ -119,7 +119,7 @@ def test_target_claim_counts_the_diverged_runs():
 
 
 def test_target_claim_and_its_bound_never_disagree():
-    """The issue's ten runs: mean 0.94077, two-sided 95% interval [0.93990, 0.94164] (it holds
+    """Ten runs: mean 0.94077, two-sided 95% interval [0.93990, 0.94164] (it holds
     0.94) and one-sided p = 0.0387: the bound given with the claim is the one-sided 95% bound,
     0.94006, above 0.94 as the claim is. Over 400 samples near the target, the bound is above the
     target exactly when p < 0.05."""
@@ -135,8 +135,8 @@ def test_target_claim_and_its_bound_never_disagree():
 
 def test_five_target_claims_need_holms_adjustment():
     """Five configurations truly at the target, 10 runs each (20,000 simulated studies, standard
-    error 0.3 points): one at least reads "above" 22.6% of the time at 5% each, as the issue
-    found (1 - 0.95^5 = 22.6%); with Holm's adjustment over the five, at most 5%."""
+    error 0.3 points): one at least reads "above" 22.6% of the time at 5% each
+    (1 - 0.95^5 = 22.6%); with Holm's adjustment over the five, at most 5%."""
     rng = np.random.default_rng(5)
     values = 0.94 + rng.normal(0, 0.0015, (20000, 5, 10))
     p = stats.ttest_1samp(values, 0.94, axis=2, alternative='greater').pvalue
@@ -238,7 +238,7 @@ def test_runs_needed_reproduces_cohens_table():
     runs', so d_z = 0.5 needs 34 pairs (G*Power 3)."""
     assert [study.runs_needed(1.0, d) for d in (0.2, 0.5, 0.8)] == [394, 64, 26]
     assert study.runs_needed(1.0, 0.5, paired=True, correlation=0.5) == 34
-    assert study.runs_needed(0.15, 0.08) == 57  # the issue's "about 55 per arm"
+    assert study.runs_needed(0.15, 0.08) == 57  # "about 55 per arm", as a planner rounds it
     with pytest.raises(ValueError, match='positive std'):
         study.runs_needed(0, 0.1)
 

@@ -176,7 +176,7 @@ def test_calibration_error_means_the_same_at_100_and_1000_runs():
     at each size: the split-half estimate's mean at 100 and at 1000 runs agree within 3 standard
     errors of their difference (measured 0.0218 and 0.0216, docs/studies.md), and each set's
     interval holds the other size's mean in at least 34 of 40 (measured coverage 98 to 100%); the
-    plug-in estimate of the same runs falls from 0.031 to 0.018 (the issue's finding). An
+    plug-in estimate of the same runs falls from 0.031 to 0.018 (the plug-in's bias). An
     over-confident ensemble (labels from pi^0.6) reads about 0.30 at both sizes, far above the
     level of a calibrated one."""
     coverage = load_tool('interval_coverage')
