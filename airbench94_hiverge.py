@@ -583,6 +583,10 @@ def train(data, hyp, device, precision, seed, net=None, epoch_eval=True, on_epoc
         # Not timed: the last batch's loss (a copy: a CUDA graph's next call overwrites its
         # outputs) and accuracy, and the plain test accuracy
         clock.mark()
+        # evaluated with the whitening bias frozen whatever the epoch (the next step
+        # sets it again): dynamo guards on requires_grad, so evaluation before the freeze
+        # would compile graphs of its own, which no timed part of a run calls
+        net[0].bias.requires_grad = False
         figures = dict(epoch=epoch, loss=loss.detach().clone(), batch=len(labels),
                        train_acc=(outputs.detach().argmax(1) == labels).float().mean(),
                        val_acc=None)

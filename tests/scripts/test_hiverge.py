@@ -433,15 +433,17 @@ def test_no_host_synchronization_inside_the_timed_region(hiverge, monkeypatch):
     assert 'aten._local_scalar_dense.default' in recorder.untimed_syncs  # the control
 
 
-@pytest.mark.parametrize('num_test', [2100, 4100])
+@pytest.mark.parametrize('num_test, bias_settings', [
+    (2100, []), (4100, ['--hyp', 'opt.whiten_bias_epochs=1.5'])])
 def test_every_graph_compiled_in_the_warmup_none_when_timed(hiverge, monkeypatch, tmp_path,
-                                                           num_test):
+                                                           num_test, bias_settings):
     """compiles() forced on the CPU, graphs recorded by a backend that runs them eagerly: the
-    warmup on dummy data (2000 + N % 2000 test images) compiles the network's graphs (training,
-    with the loss, with the whitening bias trained and frozen; evaluation at each batch size:
-    2000, the remainder, the selective TTA's 6 x 500 and 6 x its remainder), Muon's step and the
-    augmentation's; the timed run on N test images (and another number of training images)
-    compiles none."""
+    warmup (2 batches of training images, the N test images) compiles the network's graphs
+    (training, with the loss, with the whitening bias trained and frozen; evaluation at each batch
+    size: 2000, the remainder, the selective TTA's 6 x 500 and 6 x its remainder, each once, the
+    same before and after the freeze where an epoch's evaluation comes before it, as with 1.5
+    epochs of the bias's training), Muon's step and the augmentation's; the timed run on N test
+    images (and another number of training images) compiles none."""
     torch._dynamo.reset()  # graphs of earlier tests would count toward dynamo's recompile limit
     graphs = record_compiled_graphs(monkeypatch)
     monkeypatch.setattr(hiverge, 'compiles', lambda device: True)
@@ -451,13 +453,15 @@ def test_every_graph_compiled_in_the_warmup_none_when_timed(hiverge, monkeypatch
     monkeypatch.setattr(hiverge, 'load_dataset', lambda *args, **kwargs: {**data, 'test': test})
     code = hiverge.main(['--runs', '1', '--seed', '0', '--hyp', 'opt.batch_size=16', '--epochs',
                          '2', '--device', 'cpu', '--precision', 'fp32', '--log-dir',
-                         str(tmp_path), '--hyp', f'net.widths={SMALL}'])
+                         str(tmp_path), '--hyp', f'net.widths={SMALL}', *bias_settings])
     assert code == 0
-    assert warmed == [len(graphs)]  # every graph compiled in the warmup, none when timed
-    image_batches = sorted({shape[0] for shapes in graphs for shape in shapes
-                            if shape[1:] == (3, 32, 32)})
+    assert warmed == [len(graphs)] and len(graphs) == 8  # every one in the warmup, none when timed
+    images = [[shape for shape in shapes if shape[1:] == (3, 32, 32)] for shapes in graphs]
+    network = [batch[0][0] for batch in images if len(batch) == 1]
     remainder = num_test % 2000
-    assert image_batches == sorted({16, 2000, remainder, 6 * 500, 6 * remainder // 4})
+    # training's batches of 16 (trainable, frozen); the plain pass's 2000 and remainder; the TTA's
+    # views of 500 and of the remainder's quarter
+    assert sorted(network) == sorted([16, 16, 2000, remainder, 6 * 500, 6 * remainder // 4])
     # The augmentation of every epoch: one graph, for any number of images (the warmup's 32, the
     # run's 64), from the padded images
     assert len([shapes for shapes in graphs if (32, 3, 36, 36) in shapes]) == 1

@@ -260,11 +260,12 @@ def test_compiled_muon_step_compiles_in_the_warmup_and_never_in_a_timed_run(muon
 def test_cuda_compilation_compiles_whole_network_graphs_all_in_the_warmup(muon, monkeypatch,
                                                                         tmp_path):
     """What compiles on CUDA, compiled here on the CPU by a recording backend: main()'s warmup
-    compiles the network once per whitening-bias state (trainable, frozen: the freeze is in the
-    graph's guards) in training, with its loss, and in evaluation (4), each graph the whole network
-    from the images on (torch before 2.14 split net.compile()'s network into a graph per block),
-    Muon's whole step (1) and the augmentation (1, for any number of images: the warmup's 64,
-    the run's 128); a timed run compiles nothing. (Evaluation batch sizes: test_compiled.py.)"""
+    compiles the network in training, with its loss, once per whitening-bias state (trainable,
+    frozen: the freeze is in the graph's guards), and in evaluation once, the same graph before
+    and after the freeze (evaluated with the bias frozen) (3), each graph the whole network from
+    the images on (torch before 2.14 split net.compile()'s network into a graph per block), Muon's
+    whole step (1) and the augmentation (1, for any number of images: the warmup's 64, the run's
+    128); a timed run compiles nothing. (Evaluation batch sizes: test_compiled.py.)"""
     torch._dynamo.reset()  # graphs of earlier tests would count toward dynamo's recompile limit
     monkeypatch.setattr(muon, 'compiles', lambda device: True)
     graphs = record_compiled_graphs(monkeypatch)
@@ -274,10 +275,10 @@ def test_cuda_compilation_compiles_whole_network_graphs_all_in_the_warmup(muon, 
     assert muon.main(['--runs', '1', '--seed', '0', '--hyp', 'opt.batch_size=32', '--epochs', '2',
                       '--hyp', 'opt.whiten_bias_epochs=1', '--device', 'cpu', '--precision',
                       'fp32', '--log-dir', str(tmp_path)]) == 0
-    assert warmed == [len(graphs)] and len(graphs) == 6  # none compiled in the timed run
+    assert warmed == [len(graphs)] and len(graphs) == 5  # none compiled in the timed run
     images = [[shape for shape in shapes if shape[1:] == (3, 32, 32)] for shapes in graphs]
     network = [batch[0][0] for batch in images if len(batch) == 1]
-    assert sorted(network) == [32, 32, 64, 64]  # training batches, the 64 test images
+    assert sorted(network) == [32, 32, 64]  # training batches (trainable, frozen), 64 test images
     assert len([shapes for shapes in graphs if (64, 3, 36, 36) in shapes]) == 1  # augmentation
     banks = [(64, 24, 3, 3), (64, 64, 3, 3), (256, 64, 3, 3)] + [(256, 256, 3, 3)] * 3
     steps = [shapes for shapes in graphs if sorted(shapes) == sorted(banks * 3 + [()])]
