@@ -13,9 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from conftest import (CPU, FAKE_CUDA, load_script, needs_cpu_fp16_padding, needs_fake_cuda,
-                      newton_schulz_by_svd, record_compiled_graphs, script_changes, tiny_dataset,
-                      warm_up_as_on_cuda, with_hyp)
+from conftest import (CPU, FAKE_CUDA, in_fp32, load_script, needs_cpu_fp16_padding,
+                      needs_fake_cuda, newton_schulz_by_svd, record_compiled_graphs, script_changes,
+                      set_hyp, tiny_dataset, warm_up_as_on_cuda, with_hyp)
 
 NAME = 'airbench94_hiverge'
 # Every 3x3 filter bank of the network, flattened to out_channels x (in_channels * 9), in order
@@ -446,9 +446,10 @@ def test_every_graph_compiled_in_the_warmup_none_when_timed(hiverge, monkeypatch
     data = tiny_dataset(per_class=32)
     test = tiny_dataset(per_class=num_test // 2)['train']
     monkeypatch.setattr(hiverge, 'load_dataset', lambda *args, **kwargs: {**data, 'test': test})
-    code = hiverge.main(['--runs', '1', '--seed', '0', '--hyp', 'opt.batch_size=16', '--epochs',
-                         '2', '--device', 'cpu', '--precision', 'fp32', '--log-dir',
-                         str(tmp_path), '--hyp', f'net.widths={SMALL}'])
+    in_fp32(monkeypatch, hiverge)
+    set_hyp(monkeypatch, hiverge, {'opt.batch_size': 16, 'net.widths': SMALL})
+    code = hiverge.main(['--runs', '1', '--seed', '0', '--epochs', '2', '--device', 'cpu',
+                         '--log-dir', str(tmp_path)])
     assert code == 0
     assert warmed == [len(graphs)]  # every graph compiled in the warmup, none when timed
     image_batches = sorted({shape[0] for shapes in graphs for shape in shapes
