@@ -53,8 +53,8 @@ hyp = {
 }
 
 # The values hyp takes: each switch's choices, each number's inclusive range (widths and a
-# tuple: each element's); a number in neither keeps the sign of hyp's. The command line and
-# study.py refuse any other value before training.
+# tuple: each element's); a number in neither keeps the sign of hyp's. study.py refuses any other
+# value before training (python study.py SCRIPT ... -- --hyp KEY=VALUE).
 HYP_CHOICES = {
     'opt.sampling': ('reshuffle', 'replacement'),
     'aug.flip': ('alternating', 'random', 'none'),
@@ -420,114 +420,111 @@ def train(data, hyp, device, precision, seed, net=None, epoch_eval=True, on_epoc
                 tta_val_acc=tta_val_acc, val_acc=val_acc, epoch_train_losses=epoch_train_losses)
 
 ####################################################################################################
-# Running the script: identical in all the airbench scripts, not part of the method. study.py     #
-# trains many runs of a script, with what studies need (package studylib).                        #
+# Running the script: identical in all the airbench scripts, not part of the method. The runs of  #
+# one user on one machine; study.py has what many runs need: hyp overrides, intervals, studies.   #
 ####################################################################################################
-import argparse, ast, copy, json, math, os, statistics, sys, torchvision, uuid
+import argparse, copy, json, math, os, statistics, sys, torchvision, uuid
 from PIL import Image  # torchvision's
 
-def read_image(path):  # an unreadable file's error names the file
-    with Image.open(path) as image:
-        if image.size != (32, 32):
-            raise ValueError(f'{path} is {image.size[0]}x{image.size[1]} pixels, but these scripts '
-                             'train on 32x32 images and do not resize silently. Resize them first.')
-        return torch.frombuffer(bytearray(image.convert('RGB').tobytes()), dtype=torch.uint8)
+# study.py's flags (after its --), not a script's: each stops a script with one line saying so
+STUDY_FLAGS = {'--hyp': '--hyp opt.lr=10', '--precision': '--precision fp32',
+               '--warmup': '--warmup', '--no-warmup': '--no-warmup'}
 
-def load_dataset(name, data_dir, download=True):
+def read_image(path):
+    """uint8 (32, 32, 3); no image, or not 32x32: refused by name (study.py reads with it too)."""
+    try:
+        with Image.open(path) as image:
+            rgb = image.convert('RGB')
+    except Exception as error:  # PIL's, which vary with the format and the damage
+        raise ValueError(f'{path} could not be read as an image ({error}). Remove or replace '
+                         'it.') from None
+    if rgb.size != (32, 32):
+        raise ValueError(f'{path} is {rgb.size[0]}x{rgb.size[1]} pixels, but these scripts '
+                         'train on 32x32 images and do not resize silently. Resize them first.')
+    return torch.frombuffer(bytearray(rgb.tobytes()), dtype=torch.uint8).view(32, 32, 3)
+
+def read_split(data_dir, split):
+    """({'images': uint8 (N, 32, 32, 3), 'labels'}, classes) of data_dir/split/<class>/<image>."""
+    path = os.path.join(data_dir, split)
+    try:
+        folder = torchvision.datasets.ImageFolder(path)  # the files and their classes
+    except FileNotFoundError as error:  # no class directories, or a class without images
+        raise ValueError(f'{path}: {error} Expected the layout <split>/<class>/<image>.') from None
+    images = torch.stack([read_image(file) for file, _ in folder.samples])
+    return {'images': images, 'labels': torch.tensor(folder.targets)}, folder.classes
+
+def check_same_classes(data_dir, classes):
+    """Refuse splits whose class directories differ; classes: {split: its classes}."""
+    first = next(iter(classes))
+    for split, names in classes.items():
+        if names != classes[first]:
+            only_first = sorted(set(classes[first]) - set(names))
+            only_split = sorted(set(names) - set(classes[first]))
+            raise ValueError(f'{data_dir}: {first}/ and {split}/ have different class directories '
+                             f'(only in {first}: {only_first}; only in {split}: {only_split}). '
+                             'All splits need the same classes.')
+
+def load_cifar10(data_dir, download=True):
+    """CIFAR-10 in torchvision's layout in data_dir (downloaded there when absent)."""
+    try:
+        sets = [torchvision.datasets.CIFAR10(data_dir, train, download=download)
+                for train in (True, False)]
+    except Exception as error:  # no files and no network, or damaged files
+        raise ValueError(f'No image folder (train/<class>/*, test/<class>/*) nor CIFAR-10 in '
+                         f'{os.path.abspath(data_dir)}, nor network access to download it '
+                         f'({error}); point --data-dir at one.') from None
+    splits = [{'images': torch.from_numpy(s.data), 'labels': torch.tensor(s.targets)} for s in sets]
+    return {'train': splits[0], 'test': splits[1], 'classes': sets[1].classes,
+            'mean': (0.4914, 0.4822, 0.4465), 'std': (0.2470, 0.2435, 0.2616)}
+
+def load_dataset(data_dir, download=True):
     """{'train': {'images': uint8 (N, 32, 32, 3), 'labels'}, 'test', 'classes', 'mean', 'std'}: the
-    image folder data_dir/{train,test}/<class>/<image>, else torchvision's CIFAR-10 (downloaded)."""
-    if all(os.path.isdir(os.path.join(data_dir, split)) for split in ('train', 'test')):
-        sets = [torchvision.datasets.ImageFolder(os.path.join(data_dir, split), loader=read_image)
-                for split in ('train', 'test')]  # a split without class directories raises
-        if sets[0].classes != sets[1].classes:
-            raise ValueError(f'{data_dir}: train/ and test/ have different class directories '
-                             f'({sets[0].classes} and {sets[1].classes}); they need the same.')
-        images = [torch.stack([image for image, _ in s]).view(-1, 32, 32, 3) for s in sets]
-        pixels = images[0].view(-1, 3).double() / 255  # its own mean and std
-        mean = tuple(pixels.mean(0).tolist())
-        std = tuple(pixels.std(0).tolist())
-    else:
-        try:
-            assert name == 'cifar10', f'there is no {name} to download'
-            sets = [torchvision.datasets.CIFAR10(data_dir, train, download=download)
-                    for train in (True, False)]
-        except Exception as error:
-            raise ValueError(f'No image folder (train/<class>/*, test/<class>/*) nor {name} in '
-                             f'{os.path.abspath(data_dir)}, nor network access to download it '
-                             f'({error}); point --data-dir at one.') from None
-        images = [torch.from_numpy(s.data) for s in sets]
-        mean = (0.4914, 0.4822, 0.4465)
-        std = (0.2470, 0.2435, 0.2616)
-    return {**{split: {'images': x, 'labels': torch.tensor(s.targets)} for split, x, s in zip(
-        ('train', 'test'), images, sets)}, 'classes': sets[1].classes, 'mean': mean, 'std': std}
+    image folder data_dir/{train,test}/<class>/<image>, normalized by its training images' own
+    mean and std, else CIFAR-10 (load_cifar10)."""
+    if not all(os.path.isdir(os.path.join(data_dir, split)) for split in ('train', 'test')):
+        return load_cifar10(data_dir, download)
+    train, train_classes = read_split(data_dir, 'train')
+    test, test_classes = read_split(data_dir, 'test')
+    check_same_classes(data_dir, {'train': train_classes, 'test': test_classes})
+    pixels = train['images'].view(-1, 3).double() / 255
+    return {'train': train, 'test': test, 'classes': test_classes,
+            'mean': tuple(pixels.mean(0).tolist()), 'std': tuple(pixels.std(0).tolist())}
 
 def parse_args(argv):
+    """The flags one user of one script needs (docs/layout.md says why each); study.py's stop."""
+    script = os.path.basename(__file__)[:-3]
+    for word in argv:
+        flag = word.partition('=')[0]
+        if flag in STUDY_FLAGS:
+            edit = f', or edit hyp in {script}.py' if flag == '--hyp' else ''
+            raise ValueError(f"{flag} is study.py's: python study.py {script} --runs N --study-dir "
+                             f'DIR -- {STUDY_FLAGS[flag]}{edit}')
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                                     epilog='Other hyp values: edit hyp. Many runs with hyp '
+                                     'overrides, intervals and comparisons: study.py.')
     add = parser.add_argument
     add('--runs', type=int, default=25, help='timed training runs')
     add('--seed', type=int, help='seed of the first run; run i uses seed+i (None: random, logged)')
+    add('--epochs', type=float, help="hyp's opt.train_epochs (None: as hyp has it)")
     add('--data-dir', default='data/cifar10', help='an image folder (train/<class>/*, '
         "test/<class>/*: 32x32 images), else CIFAR-10 in torchvision's layout (downloaded there)")
     add('--device', help='cpu, cuda, cuda:1, ... (default: CUDA where present)')
-    add('--precision', default='auto', choices=['auto', 'fp16', 'bf16', 'fp32'], help='auto: fp16 '
-        'on CUDA; on the CPU bf16 autocast where the CPU has native bf16, else fp32')
-    add('--epochs', type=float, help='--hyp opt.train_epochs=EPOCHS, applied before the --hyp')
-    add('--hyp', action='append', default=[], metavar='KEY=VALUE', help='set a hyperparameter, as '
-        'opt.lr=10 (repeatable; a later one wins)')
-    add('--warmup', action=argparse.BooleanOptionalAction, default=True, help='an untimed run first')
     add('--log-dir', default='logs', help='logs go to LOG_DIR/<uuid>/summary.json')
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error(f'--runs must be at least 1, not {args.runs}')
+    if args.epochs is not None and not 0 < args.epochs < math.inf:  # nan too
+        parser.error(f'--epochs must be above 0, not {args.epochs}')
     return args
 
-def check_hyp(key, value, default):
-    """Refuse, before any training, a value unlike hyp's own (its type, a dict's keys, a tuple's
-    length; whole where hyp's is, but epochs) or outside HYP_CHOICES, HYP_RANGES by GROUP.NAME."""
-    kind = type(default)
-    rule = '.'.join(key.split('.')[:2])
-    if kind in (dict, tuple) and (type(value) is not kind or len(value) != len(default) or
-                                  kind is dict and value.keys() != default.keys()):
-        raise ValueError(f'--hyp {key} takes a value like {default!r}, not {value!r}')
-    parts = default if kind is dict else range(len(default)) if kind is tuple else ()
-    for part in parts:  # a dict's entries by name (widths.block1); a tuple's elements by its key
-        check_hyp(f'{key}.{part}' if kind is dict else key, value[part], default[part])
-    if rule in HYP_CHOICES and value not in HYP_CHOICES[rule]:
-        raise ValueError(f'--hyp {key} takes one of {HYP_CHOICES[rule]}, not {value!r}')
-    if kind in (int, float):
-        whole = kind is int and not rule.endswith('epochs')
-        low, high = HYP_RANGES.get(rule, (0, math.inf) if default >= 0 else (-math.inf, 0))
-        if type(value) not in ((int,) if whole else (int, float)) or not (
-                math.isfinite(value) and low <= value <= high):
-            raise ValueError(f'--hyp {key} takes {"a whole number" if whole else "a number"} from '
-                             f'{low} to {high}, not {value!r}')
-
-def hyp_with_flags(args):
-    """hyp with --epochs N as opt.train_epochs=N, then each --hyp KEY=VALUE, each value checked."""
-    run_hyp = copy.deepcopy(hyp)
-    epochs = [f'opt.train_epochs={args.epochs}'] if args.epochs is not None else []
-    for text in epochs + args.hyp:
-        key, sep, value = text.partition('=')
-        group, _, name = key.partition('.')
-        if not sep or name not in run_hyp.get(group, {}):
-            raise ValueError(f'--hyp takes KEY=VALUE (for example opt.lr=10), not {text!r}'
-                             if not sep else f'--hyp {key}: no such hyperparameter (see hyp)')
-        try:
-            run_hyp[group][name] = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            run_hyp[group][name] = value
-        check_hyp(key, run_hyp[group][name], hyp[group][name])
-    return run_hyp
-
-def mean_and_interval(values):
-    """n, mean, std and the 95% interval of the mean (Student's t; past 25 runs within 0.4%)."""
-    n = len(values)
-    mean = statistics.mean(values)
-    std = statistics.stdev(values)
-    t = ([12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23, 2.20, 2.18, 2.16, 2.14, 2.13,
-          2.12, 2.11, 2.10, 2.09, 2.09, 2.08, 2.07, 2.07, 2.06] + [1.96 + 2.4 / n] * n)[n - 2]
-    return dict(n=n, mean=mean, std=std, ci95=[mean - t * std / n**0.5, mean + t * std / n**0.5])
+def precision_for(device):
+    """fp16 on CUDA; on a CPU bf16 autocast where it has native bf16, else fp32 (bf16 without it
+    is several times slower). study.py's --precision auto is this."""
+    if device.type == 'cuda':
+        return 'fp16'
+    native_bf16 = device.type == 'cpu' and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return 'bf16' if native_bf16 else 'fp32'
 
 def warm_up(data, run_hyp, device, precision, seed, net, full):
     """An untimed run on two batches of random labels: full (CUDA), past the whitening bias's
@@ -548,16 +545,16 @@ def main(argv=None):
         if device.type == 'cuda' and not torch.cuda.is_available():
             raise ValueError(f'--device {device} asks for CUDA, but this torch '
                              f'({torch.__version__}) sees no CUDA device; use --device cpu.')
-        run_hyp = hyp_with_flags(args)
-        data = load_dataset('cifar10', args.data_dir)
+        run_hyp = copy.deepcopy(hyp)
+        if args.epochs is not None:
+            run_hyp['opt']['train_epochs'] = args.epochs
+        data = load_dataset(args.data_dir)
         if len(data['train']['labels']) < run_hyp['opt']['batch_size']:
             raise ValueError(f"{len(data['train']['labels'])} training images make no full "
-                             f"batch of {run_hyp['opt']['batch_size']}; set opt.batch_size lower.")
+                             f"batch of {run_hyp['opt']['batch_size']}; lower opt.batch_size.")
     except (ValueError, OSError, RuntimeError) as error:  # an unreadable image, an unknown device
         sys.exit(f'error: {error}')
-    cpu_bf16 = device.type == 'cpu' and torch.ops.mkldnn._is_mkldnn_bf16_supported()  # else slow
-    precision = args.precision.replace('auto', 'fp16' if device.type == 'cuda' else
-                                       'bf16' if cpu_bf16 else 'fp32')
+    precision = precision_for(device)
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), 'little') >> 1
     data.update({s: {k: v.to(device) for k, v in data[s].items()} for s in ('train', 'test')})
     log_dir = f'{args.log_dir}/{uuid.uuid4()}'
@@ -568,8 +565,7 @@ def main(argv=None):
     net = build_net(run_hyp['net'], len(data['classes']), device, precision)
     start = time.perf_counter()
     torch.backends.cudnn.benchmark = True
-    if args.warmup:
-        warm_up(data, run_hyp, device, precision, seed, net, full=device.type == 'cuda')
+    warm_up(data, run_hyp, device, precision, seed, net, full=device.type == 'cuda')
     log['warmup_seconds'] = time.perf_counter() - start
     columns = 'run epoch train_loss train_acc val_acc tta_val_acc total_time_seconds'.split()
     print(f"warmup: {log['warmup_seconds']:.1f} s\n| {' | '.join(columns)} |")
@@ -580,12 +576,14 @@ def main(argv=None):
         if not math.isfinite(figures.get('train_loss', 0)):
             raise FloatingPointError(f"run {figures['run']}: the training loss became "
                                      f"{figures['train_loss']} in epoch {figures['epoch']}. Lower "
-                                     'the learning rate (--hyp opt.lr=...) or check the data.')
+                                     "the learning rate (hyp's opt.lr) or check the data.")
         if (figures['run'], figures['epoch']) == (0, 0):  # the default 25 runs take hours on a CPU
             # from the timed seconds, not the wall clock: on CUDA the figures come after the run
             epochs = math.ceil(run_hyp['opt']['train_epochs'])
             left = figures['total_time_seconds'] * (epochs * args.runs - 1)
-            print(f'about {left / 60:.1f} minutes left for the {args.runs} runs')
+            if left >= 1:  # nothing left after a run of one epoch; less than a second is nothing
+                amount = f'{left / 60:.1f} minutes' if left >= 90 else f'{left:.0f} seconds'
+                print(f'about {amount} left for the {args.runs} runs')
 
     def write_log(status):  # after each run, replaced whole: a crash keeps the runs before it
         os.makedirs(log_dir, exist_ok=True)
@@ -607,12 +605,12 @@ def main(argv=None):
     except FloatingPointError as error:
         status = 'diverged'
         print(f'\nerror: {error} Earlier runs are in the log.')
-    if len(log['runs']) > 1:  # a mean and interval need two runs
+    if len(log['runs']) > 1:  # a std needs two runs; intervals and tests are study.py's
         for key in ('tta_val_acc', 'total_time_seconds'):
-            stats = mean_and_interval([run[key] for run in log['runs']])
-            log[key] = stats
-            print(f"{key}: mean {stats['mean']:.4f}  std {stats['std']:.4f}  n {stats['n']}  "
-                  f"95% CI [{stats['ci95'][0]:.4f}, {stats['ci95'][1]:.4f}]")
+            values = [run[key] for run in log['runs']]
+            log[key] = dict(n=len(values), mean=statistics.mean(values),
+                            std=statistics.stdev(values))
+            print(f"{key}: mean {log[key]['mean']:.4f}  std {log[key]['std']:.4f}  n {len(values)}")
     write_log(status)
     print(f'Log: {os.path.abspath(log_dir)}')
     return {'finished': 0, 'diverged': 1, 'interrupted': 130}[status]

@@ -1,6 +1,7 @@
 """A study's data: CIFAR-10, CIFAR-100 and SVHN in torchvision's layout (downloaded when absent) or
 any image folder of 32x32 images, decoded once into a tensor cache beside it, with the fingerprint
-that every process of a study compares; and the dummy data of the warmup."""
+that every process of a study compares; and the dummy data of the warmup. CIFAR-10 and the image
+folders are read by the scripts' tail (repository_tail), with the scripts' messages for bad data."""
 import hashlib
 import inspect
 import io
@@ -10,54 +11,37 @@ import torch
 
 from .errors import StorageError, StudyError
 from .files import atomic_write
+from .scripts import repository_tail
 
 CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 DATASETS = ('cifar10', 'cifar100', 'svhn', 'folder')
 CACHE_VERSION = 2  # a cache of another version is rebuilt
 
 
-def read_image(path):
-    from PIL import Image  # torchvision's dependency
+def tail_call(function, *args):
+    """A function of the scripts' tail (repository_tail), its ValueError (bad data: the message a
+    script says) raised as a StudyError with the same message."""
     try:
-        with Image.open(path) as image:
-            image = image.convert('RGB')
-    except Exception as error:
-        raise StudyError(f'{path} could not be read as an image ({error}). Remove or replace it.')
-    if image.size != (32, 32):
-        raise StudyError(f'{path} is {image.size[0]}x{image.size[1]} pixels, but these scripts '
-                         'train on 32x32 images and do not resize silently. Resize them first.')
-    return torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8).view(32, 32, 3)
-
-
-def read_split(data_dir, split):
-    """(images, labels, classes) of data_dir/split/<class>/<image>."""
-    from torchvision.datasets import ImageFolder
-    try:
-        folder = ImageFolder(os.path.join(data_dir, split))  # its samples, read below
-    except FileNotFoundError as error:  # no class directories, or one without images
-        raise StudyError(f'{os.path.join(data_dir, split)}: {error} Expected the layout '
-                         '<split>/<class>/<image>.') from None
-    images = torch.stack([read_image(path) for path, _ in folder.samples])
-    return images, torch.tensor(folder.targets), folder.classes
+        return function(*args)
+    except ValueError as error:
+        raise StudyError(str(error)) from None
 
 
 def read_image_folder(data_dir, train_splits):
-    """The training splits of data_dir (concatenated) and its test/, all with the same classes."""
-    splits = {split: read_split(data_dir, split) for split in [*train_splits, 'test']}
-    first = train_splits[0]
-    for split, (_, _, classes) in splits.items():
-        if classes != splits[first][2]:
-            ours, theirs = set(classes), set(splits[first][2])
-            raise StudyError(f'{data_dir}: {first}/ and {split}/ have different class directories '
-                             f'(only in {first}: {sorted(theirs - ours)}; only in {split}: '
-                             f'{sorted(ours - theirs)}). All splits need the same classes.')
-    return {'train': {'images': torch.cat([splits[s][0] for s in train_splits]),
-                      'labels': torch.cat([splits[s][1] for s in train_splits])},
-            'test': {'images': splits['test'][0], 'labels': splits['test'][1]},
-            'classes': splits['test'][2]}
+    """The training splits of data_dir (concatenated) and its test/, all with the same classes,
+    each read by the scripts' own reader (their messages for bad data)."""
+    tail = repository_tail()
+    splits = {split: tail_call(tail.read_split, data_dir, split) for split in
+              [*train_splits, 'test']}
+    tail_call(tail.check_same_classes, data_dir, {split: classes for split, (_, classes) in
+                                                  splits.items()})
+    return {'train': {key: torch.cat([splits[s][0][key] for s in train_splits])
+                      for key in ('images', 'labels')},
+            'test': splits['test'][0], 'classes': splits['test'][1]}
 
 
 def read_torchvision_dataset(name, data_dir, download):
+    """CIFAR-100 or SVHN in torchvision's layout (CIFAR-10 is the scripts' load_cifar10)."""
     import torchvision
     data = {}
     for split in ('train', 'test'):
@@ -127,6 +111,8 @@ def load_study_data(name, data_dir, train_splits=('train',), download=True, log=
         raise StudyError(f'{os.path.abspath(data_dir)} is not in the image-folder layout: it needs '
                          f'the subdirectories {", ".join(s + "/" for s in splits)} each holding '
                          'one directory of 32x32 images per class. Point --data-dir at one.')
+    elif name == 'cifar10':
+        data = tail_call(repository_tail().load_cifar10, data_dir, download)
     else:
         try:
             data = read_torchvision_dataset(name, data_dir, download)

@@ -13,12 +13,13 @@ import sys
 import torch
 
 from .errors import StudyError
+from .scripts import repository_tail
 
 
 def resolve_device_precision(device_name, precision, local_rank=0):
     """(torch.device, precision) for --device and --precision; auto is CUDA where present, and
-    fp16 on CUDA, bf16 on a CPU with native bf16, else fp32 (bf16 without it is several times
-    slower than fp32). A CUDA device always carries its index (cuda_device)."""
+    the scripts' own choice for the device (their tail's precision_for: fp16 on CUDA, bf16 on a
+    CPU with native bf16, else fp32). A CUDA device always carries its index (cuda_device)."""
     try:
         device = torch.device(device_name.replace('auto', 'cuda' if torch.cuda.is_available()
                                                   else 'cpu'))
@@ -28,8 +29,7 @@ def resolve_device_precision(device_name, precision, local_rank=0):
     if device.type == 'cuda':
         device = cuda_device(device, local_rank)
     if precision == 'auto':
-        native_bf16 = device.type == 'cpu' and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-        precision = 'fp16' if device.type == 'cuda' else 'bf16' if native_bf16 else 'fp32'
+        precision = repository_tail().precision_for(device)
     return device, precision
 
 

@@ -1,5 +1,6 @@
 """The scripts a study trains: found by name beside study.py or by path anywhere, and loaded as
 they are, checked for the method that study.py calls (a copy that holds only the method will do)."""
+import functools
 import hashlib
 import importlib.util
 import inspect
@@ -150,6 +151,15 @@ def leading_parameters(member, expected):
             return (*names, *expected[len(names):])
         names.append(parameter.name)
     return tuple(names)
+
+
+@functools.cache
+def repository_tail():
+    """The repository's airbench94.py, loaded once as a library: what its tail owns (reading images
+    and CIFAR-10, the precision for a device), study.py calls there. The tail, identical in every
+    script, is never taken from a study's own script: the engine meets those only by their method
+    (METHOD_API)."""
+    return load_script(os.path.join(REPO, 'airbench94.py'))
 
 
 def method_of(module):

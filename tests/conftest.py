@@ -150,22 +150,45 @@ needs_cpu_fp16_padding = pytest.mark.skipif(not cpu_reflect_pads_fp16(), reason=
     f"torch {torch.__version__}'s CPU kernels do not reflect-pad fp16 images, which the fp16 "
     'recipe runs on the CPU here'))
 
+# The scripts take no --hyp (study.py does, after its --): a test runs a script on a schedule of its
+# own as a user who edited hyp does, with these entries set ('GROUP.NAME': value) on the module
+# (set_hyp, for main() in this process) or in the script's process (run_script's hyp)
 # A quick schedule on the synthetic image folder: 384 training images in batches of 64, 4 epochs
-QUICK = ['--hyp', 'opt.batch_size=64', '--epochs', '4', '--device', 'cpu', '--no-warmup']
-# The quickest complete run of a script: one epoch of batches of 32, no warmup, no TTA
-TINY = ['--hyp', 'opt.batch_size=32', '--epochs', '1', '--no-warmup', '--hyp', 'net.tta_level=0',
-        '--device', 'cpu']
-
-
+QUICK_HYP = {'opt.batch_size': 64}
+QUICK = ['--epochs', '4', '--device', 'cpu']
 NARROW_WIDTHS = {'block1': 8, 'block2': 16, 'block3': 16}  # the paper's shape (block2 the wider), for checks of training, not of accuracy
+# The quickest complete run of airbench94: one epoch of batches of 32 of a narrow network, no TTA
+TINY_HYP = {'opt.batch_size': 32, 'net.tta_level': 0, 'net.widths': NARROW_WIDTHS}
+TINY = ['--epochs', '1', '--device', 'cpu']
 
 
 def narrow(name, width=8):
-    """A script's flags for a network of this width in every block (its proxy's too): what
-    checks of the running script, not of its method's accuracy, train."""
-    widths = str({f'block{i}': width for i in (1, 2, 3)})
-    return ['--hyp', f'net.widths={widths}'] + (
-        ['--hyp', f'proxy.widths={widths}'] if name == 'airbench96_faster' else [])
+    """The hyp entries of a network of this width in every block (its proxy's too): what checks
+    of the running script, not of its method's accuracy, train."""
+    widths = {f'block{i}': width for i in (1, 2, 3)}
+    return {'net.widths': widths, **({'proxy.widths': widths} if name == 'airbench96_faster' else {})}
+
+
+def hyp_with_settings(hyp, settings):
+    """A copy of hyp with settings {'GROUP.NAME': value} set."""
+    hyp = copy.deepcopy(hyp)
+    for key, value in settings.items():
+        group, name = key.split('.')
+        hyp[group][name] = value
+    return hyp
+
+
+def in_fp32(monkeypatch, script):
+    """Make the script's main() train in fp32 on any CPU (its precision_for picks bf16 autocast
+    where the CPU has native bf16): for checks whose tolerances or graphs are fp32's."""
+    monkeypatch.setattr(script, 'precision_for', lambda device: 'fp32')
+
+
+def set_hyp(monkeypatch, script, *settings):
+    """Make the script's main() run with these hyp entries (dicts of 'GROUP.NAME': value, a later
+    one winning), as after an edit of its hyp; restored after the test."""
+    merged = {key: value for entries in settings for key, value in entries.items()}
+    monkeypatch.setattr(script, 'hyp', hyp_with_settings(script.hyp, merged))
 
 
 def load_script(name):
@@ -278,9 +301,30 @@ def warm_up_as_on_cuda(monkeypatch, script, graphs):
     return warmed
 
 
-def run_script(name, *args, timeout=600):
-    return subprocess.run([sys.executable, os.path.join(REPO, f'{name}.py'), *args],
-                          capture_output=True, text=True, timeout=timeout)
+# A script's main() in a process of its own, with hyp entries set first (sys.argv[2], JSON)
+MAIN_WITH_HYP = """import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location('airbench_script', sys.argv[1])
+script = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(script)
+for key, value in json.loads(sys.argv[2]).items():
+    group, name = key.split('.')
+    script.hyp[group][name] = value
+sys.exit(script.main(sys.argv[3:]))
+"""
+
+
+def script_command(name, *args, hyp=None):
+    """The command line of a script run as a user runs it; with hyp ({'GROUP.NAME': value}), as a
+    user who edited those entries of hyp runs it."""
+    path = os.path.join(REPO, f'{name}.py')
+    if not hyp:
+        return [sys.executable, path, *args]
+    return [sys.executable, '-c', MAIN_WITH_HYP, path, json.dumps(hyp), *args]
+
+
+def run_script(name, *args, hyp=None, timeout=600):
+    return subprocess.run(script_command(name, *args, hyp=hyp), capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def study_dir(log_dir):

@@ -30,7 +30,10 @@ second time. The one-process study comes before torchrun's, which adds the proce
 store and a device per process.
 
 On a CPU (--device cpu, or auto without CUDA) the same items run with tiny settings: networks of
-widths 8/16/16 (airbench96_faster's proxy too), batches of 32, one epoch, fp32. On the tests'
+widths 8/16/16 (airbench96_faster's proxy too), batches of 32, one epoch, in the precision the
+scripts choose there (fp32, or bf16 autocast on a CPU with native bf16). A script takes these hyp
+entries as a user who edited its hyp does (its main(), on its module with the entries set: the
+scripts have no --hyp), a study as --hyp after study.py's --. On the tests'
 synthetic image folder (tests/conftest.py's write_image_folder) that took 66 s on 2 idle cores
 (150 s on a loaded host), and takes a minute more while airbench94_compiled compiles cold (on a
 CPU inductor compiles it alone; the Muon scripts run eagerly there). --tiny runs the tiny settings
@@ -84,7 +87,17 @@ LABELS = {**{name: f'{name}.py' for name in SCRIPTS}, 'study': 'study.py, 1 proc
           'study-torchrun': 'study.py, 2 processes'}
 STUDY_RUNS = 2  # per configuration
 CONFIGS = ['--config', 'hiverge', '--config', 'muon', 'airbench94_muon']
-TINY_WIDTHS = str({'block1': 8, 'block2': 16, 'block3': 16})
+TINY_WIDTHS = {'block1': 8, 'block2': 16, 'block3': 16}
+# A script's main() with hyp entries set first (sys.argv[2], JSON), then its flags: a tiny item
+MAIN_WITH_HYP = """import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location('airbench_script', sys.argv[1])
+script = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(script)
+for key, value in json.loads(sys.argv[2]).items():
+    group, name = key.split('.')
+    script.hyp[group][name] = value
+sys.exit(script.main(sys.argv[3:]))
+"""
 TORCHRUN_VARIABLES = ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'GROUP_RANK',
                       'ROLE_RANK', 'ROLE_WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT')
 LONGEST_MESSAGE = 500  # characters of an error's first line, at most
@@ -167,27 +180,39 @@ def is_image_folder(data_dir):
     return all(os.path.isdir(os.path.join(data_dir, split)) for split in ('train', 'test'))
 
 
-def training_flags(device, tiny, script=None):
-    """A short training's flags: 4 epochs on CUDA (past the whitening bias's freeze), 1 on a CPU;
-    tiny (always on a CPU): narrow networks and batches of 32."""
-    flags = ['--device', device, '--epochs', '1' if device == 'cpu' else '4']
-    if tiny or device == 'cpu':
-        flags += ['--hyp', 'opt.batch_size=32', '--hyp', f'net.widths={TINY_WIDTHS}']
-        flags += ['--hyp', f'proxy.widths={TINY_WIDTHS}'] if script == 'airbench96_faster' else []
-    return flags + ['--precision', 'fp32'] * (device == 'cpu')
+def tiny_hyp(device, tiny, script=None):
+    """The hyp entries of a short training: tiny (always on a CPU), narrow networks and batches of
+    32; else none."""
+    if not (tiny or device == 'cpu'):
+        return {}
+    widths = {'net.widths': TINY_WIDTHS}
+    if script == 'airbench96_faster':
+        widths['proxy.widths'] = TINY_WIDTHS
+    return {'opt.batch_size': 32, **widths}
+
+
+def training_flags(device):
+    """A short training's flags: 4 epochs on CUDA (past the whitening bias's freeze), 1 on a CPU."""
+    return ['--device', device, '--epochs', '1' if device == 'cpu' else '4']
 
 
 def script_command(name, device, data_dir, item_dir, tiny):
-    return [sys.executable, os.path.join(REPO, f'{name}.py'), '--runs', '1', '--seed', '0',
-            '--data-dir', data_dir, '--log-dir', os.path.join(item_dir, 'logs'),
-            *training_flags(device, tiny, name)]
+    """The script as a user runs it; with tiny settings, its main() on its module with those
+    entries of hyp set, as a user who edited them (the scripts take no --hyp)."""
+    path = os.path.join(REPO, f'{name}.py')
+    settings = tiny_hyp(device, tiny, name)
+    program = [path] if not settings else ['-c', MAIN_WITH_HYP, path, json.dumps(settings)]
+    return [sys.executable, *program, '--runs', '1', '--seed', '0', '--data-dir', data_dir,
+            '--log-dir', os.path.join(item_dir, 'logs'), *training_flags(device)]
 
 
 def study_command(launcher, device, data_dir, item_dir, tiny):
     folder = ['--dataset', 'folder'] * is_image_folder(data_dir)
+    hyp = [word for key, value in tiny_hyp(device, tiny).items()
+           for word in ('--hyp', f'{key}={value!r}')]
     return [*launcher, STUDY, 'airbench94_hiverge', '--runs', str(STUDY_RUNS),
             '--study-dir', os.path.join(item_dir, 'study'), *CONFIGS, '--',
-            *folder, '--data-dir', data_dir, *training_flags(device, tiny)]
+            *folder, '--data-dir', data_dir, *training_flags(device), *hyp]
 
 
 def commands(names, devices, data_dir, work_dir, tiny):

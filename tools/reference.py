@@ -29,9 +29,9 @@ They are CUDA-only as written. Here, and nothing else changes:
   record and hiverge's script have no hyp: the 8 of total_train_steps = ceil(8 *
   len(train_loader)), or its 7.65, becomes E);
 - the script's main block runs as written, but its loop over runs (range(N) there) makes --runs
-  runs; with --warmup (the default, as in our scripts) an untimed main('warmup', ...) on dummy
-  labels comes first where main() has one and the block does not call it (the paper's 94, 95 and
-  96 have that call commented out); with --no-warmup no warmup runs at all. airbench96_faster.py's
+  runs; with --warmup (the default; our scripts always warm up) an untimed main('warmup', ...) on
+  dummy labels comes first where main() has one and the block does not call it (the paper's 94,
+  95 and 96 have that call commented out); with --no-warmup no warmup runs at all. airbench96_faster.py's
   main() has no warmup run, so none runs there.
 Its data: the study engine's tensor cache of --data-dir (studylib.data.load_study_data), written as the
 script's ./cifar10/{train,test}.pt in --workdir, where its logs go too.
@@ -181,8 +181,9 @@ def main():
     parser.add_argument('--workdir', default='/tmp/airbench-reference')
     args = parser.parse_args()
     path = os.path.abspath(args.script)
-    native_bf16 = torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    precision = args.precision if args.precision != 'auto' else 'bf16' if native_bf16 else 'fp32'
+    sys.path.insert(0, REPO)
+    from studylib.device import resolve_device_precision
+    precision = resolve_device_precision('cpu', args.precision)[1]  # auto: our scripts' choice
     with open(path) as f:
         source = f.read()
     if args.runs < 1:

@@ -111,7 +111,7 @@ def main(argv=None):
     if args.compare:
         with open(args.compare) as f:
             before = json.load(f)
-    data = data_slice(load_script('airbench94').load_dataset('cifar10', args.data_dir), args.images)
+    data = data_slice(load_script('airbench94').load_dataset(args.data_dir), args.images)
     settings = dict(images=args.images, seed=args.seed, epochs=args.epochs,
                     batch_size=args.batch_size)
     after = dict(torch=torch.__version__, threads=torch.get_num_threads(), settings=settings,

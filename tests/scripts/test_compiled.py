@@ -3,8 +3,8 @@ static shapes. Compilation takes minutes on a CPU: the slow tier."""
 import pytest
 import torch
 
-from conftest import (QUICK, load_script, narrow, record_compiled_graphs, run_script, summary_of,
-                      tiny_dataset, warm_up_as_on_cuda)
+from conftest import (QUICK, QUICK_HYP, in_fp32, load_script, narrow, record_compiled_graphs,
+                      set_hyp, summary_of, tiny_dataset, warm_up_as_on_cuda)
 
 # Pinned to fp32: compiled kernels sum in another order than eager ones, so each op's result can
 # differ in the last bits (~1e-7 relative); over these 4 epochs the per-epoch mean losses differed
@@ -17,13 +17,14 @@ LOSS_RTOL = 1e-4
 pytestmark = pytest.mark.slow
 
 
-def test_compiled_matches_eager(image_folder, tmp_path):
+def test_compiled_matches_eager(image_folder, tmp_path, monkeypatch):
     outcomes = {}
     for name in ('airbench94', 'airbench94_compiled'):
-        result = run_script(name, '--data-dir', image_folder, '--runs', '2', '--seed', '7',
-                            '--log-dir', str(tmp_path / name), '--precision', 'fp32', *QUICK[:-1],
-                            *narrow(name, 16))
-        assert result.returncode == 0, result.stderr
+        script = load_script(name)
+        in_fp32(monkeypatch, script)
+        set_hyp(monkeypatch, script, QUICK_HYP, narrow(name, 16))
+        assert script.main(['--data-dir', image_folder, '--runs', '2', '--seed', '7',
+                            '--log-dir', str(tmp_path / name), *QUICK]) == 0
         outcomes[name] = summary_of(tmp_path / name)
     eager, compiled = outcomes['airbench94'], outcomes['airbench94_compiled']
     for eager_run, compiled_run in zip(eager['runs'], compiled['runs']):
@@ -35,11 +36,11 @@ def test_compiled_matches_eager(image_folder, tmp_path):
 # The paper's ablations, all at once: without whitening the first conv trains throughout (no
 # freeze, so one training graph); the others add no graph. With no freeze to cross, 2 epochs do
 # (and flip-only TTA, the quicker)
-ABLATIONS = ['net.whiten=False', 'net.identity_init=False', 'opt.lookahead_every=0',
-             'opt.sampling=replacement', 'opt.bias_scaler=1', 'net.tta_level=1']
+ABLATIONS = {'net.whiten': False, 'net.identity_init': False, 'opt.lookahead_every': 0,
+             'opt.sampling': 'replacement', 'opt.bias_scaler': 1, 'net.tta_level': 1}
 
 
-@pytest.mark.parametrize('settings, epochs, training_graphs', [([], 4, 2), (ABLATIONS, 2, 1)])
+@pytest.mark.parametrize('settings, epochs, training_graphs', [({}, 4, 2), (ABLATIONS, 2, 1)])
 def test_every_graph_static_and_compiled_in_the_warmup(tmp_path, monkeypatch, settings, epochs,
                                                         training_graphs):
     """Evaluation batches of two sizes (2000 and a remainder) and the whitening-bias freeze: with
@@ -57,10 +58,11 @@ def test_every_graph_static_and_compiled_in_the_warmup(tmp_path, monkeypatch, se
     data = tiny_dataset(per_class=64)
     test = tiny_dataset(per_class=1050)['train']  # 2100 test images: batches of 2000 and 100
     monkeypatch.setattr(compiled, 'load_dataset', lambda *args, **kwargs: {**data, 'test': test})
-    code = compiled.main(['--runs', '1', '--seed', '0', '--hyp', 'opt.batch_size=32', '--epochs',
-                          str(epochs), '--device', 'cpu', '--precision', 'fp32',
-                          '--log-dir', str(tmp_path), *narrow('airbench94_compiled', 16),
-                          *[a for s in settings for a in ('--hyp', s)]])
+    in_fp32(monkeypatch, compiled)
+    set_hyp(monkeypatch, compiled, {'opt.batch_size': 32}, narrow('airbench94_compiled', 16),
+            settings)
+    code = compiled.main(['--runs', '1', '--seed', '0', '--epochs', str(epochs), '--device', 'cpu',
+                          '--log-dir', str(tmp_path)])
     assert code == 0
     summary = summary_of(tmp_path)
     hyp = summary['hyp']

@@ -6,8 +6,8 @@ import os
 import pytest
 import torch
 
-from conftest import (CPU, QUICK, load_script, run_script, summary_of, tiny_dataset, with_hyp,
-                      write_image_folder)
+from conftest import (CPU, QUICK, QUICK_HYP, load_script, run_script, summary_of, tiny_dataset,
+                      with_hyp, write_image_folder)
 
 load_script('study')  # puts the repository on the path
 import studylib.data  # noqa: E402
@@ -19,7 +19,7 @@ from studylib.hyp import config_hyp  # noqa: E402
 def test_class_count_comes_from_the_data_and_sets_the_head(ab94, tmp_path):
     root = write_image_folder(str(tmp_path / 'seven'), num_classes=7, train_per_class=4,
                               test_per_class=2)
-    data = ab94.load_dataset('folder', root)
+    data = ab94.load_dataset(root)
     assert data['classes'] == [f'class_{i}' for i in range(7)]
     assert load_study_data('folder', root)['classes'] == data['classes']
     result = ab94.train(data, with_hyp(ab94.hyp, opt__batch_size=7, opt__train_epochs=1), CPU,
@@ -39,7 +39,7 @@ def test_normalization_constants_for_cifar10_and_computed_otherwise(ab94, image_
     assert as_folder['mean'] != pytest.approx(CIFAR10_MEAN, abs=1e-3)
     cached = torch.load(os.path.join(image_folder, 'airbench_cache.pt'), weights_only=True)
     assert cached['mean'] == as_folder['mean']  # the statistics are cached with the data
-    scripts = ab94.load_dataset('cifar10', image_folder)
+    scripts = ab94.load_dataset(image_folder)
     assert scripts['mean'] == pytest.approx(as_folder['mean'])
     assert scripts['std'] == pytest.approx(as_folder['std'])
     assert torch.equal(scripts['train']['images'], as_folder['train']['images'])
@@ -98,7 +98,7 @@ def test_same_seed_same_results_different_seed_different(image_folder, tmp_path)
     for seed in ('11', '11', '12'):
         log_dir = tmp_path / f'logs{len(outcomes)}'
         result = run_script('airbench94', '--data-dir', image_folder, '--runs', '2', '--seed', seed,
-                            '--log-dir', str(log_dir), *QUICK, '--epochs', '1')
+                            '--log-dir', str(log_dir), *QUICK, '--epochs', '1', hyp=QUICK_HYP)
         assert result.returncode == 0, result.stderr
         runs = summary_of(log_dir)['runs']
         outcomes.append([(r['seed'], r['tta_val_acc'], r['epoch_train_losses']) for r in runs])

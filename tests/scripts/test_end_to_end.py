@@ -1,16 +1,19 @@
 """The scripts run as a user runs them: as subprocesses, on a small image-folder dataset."""
 import json
+import math
 import os
+import re
+import statistics
 
 import pytest
 import torch
 
-from conftest import (ALL_SCRIPTS, QUICK, REPO, SCRIPTS, load_script, narrow, run_script, study_dir,
-                      summary_of, tiny_dataset, warm_up_as_on_cuda)
+from conftest import (QUICK, QUICK_HYP, REPO, SCRIPTS, load_script, narrow, run_script, set_hyp,
+                      study_dir, summary_of, tiny_dataset, warm_up_as_on_cuda)
 
 
-# Each script as a whole (their networks differ). Two runs check the study's bookkeeping (seed + i,
-# per-run entries, the summary over runs), which is the same code in every script
+# Each script as a whole (their networks differ). Two runs check the runner's bookkeeping (seed +
+# i, per-run entries, the summary over runs), which is the same code in every script
 # (tests/scripts/test_layout.py), so the others do one run to keep the suite short.
 RUNS = {'airbench94': 2}
 
@@ -21,7 +24,7 @@ def test_run_writes_logs_and_learns(name, image_folder, tmp_path):
     log_dir = tmp_path / 'logs'
     runs = RUNS.get(name, 1)
     result = run_script(name, '--data-dir', image_folder, '--runs', str(runs), '--seed', '3',
-                        '--log-dir', str(log_dir), *QUICK)
+                        '--log-dir', str(log_dir), *QUICK, hyp=QUICK_HYP)
     assert result.returncode == 0, result.stderr
     run_dir = study_dir(log_dir)
     assert f'Log: {run_dir}' in result.stdout
@@ -36,26 +39,48 @@ def test_run_writes_logs_and_learns(name, image_folder, tmp_path):
     assert all(len(r['epoch_train_losses']) == 4 for r in summary['runs'])
     # Four classes: chance is 0.25; the synthetic classes are easy, so demand far more
     assert min(accuracies) > 0.6 and all(t > 0 for t in times)
-    if runs > 1:  # the statistics over the runs, in the log and on the screen
-        stats = summary['tta_val_acc']
+    if runs > 1:  # the mean and std over the runs, in the log and on the screen (no interval:
+        stats = summary['tta_val_acc']  # study.py's)
         assert stats['n'] == runs and stats['mean'] == pytest.approx(sum(accuracies) / runs)
-        assert stats['ci95'][0] <= stats['mean'] <= stats['ci95'][1]
-        assert f"{stats['mean']:.4f}" in result.stdout
+        assert stats['std'] == pytest.approx(statistics.stdev(accuracies)) and 'ci95' not in stats
+        assert f"tta_val_acc: mean {stats['mean']:.4f}  std {stats['std']:.4f}  n 2" in \
+            result.stdout
     assert summary['warmup_seconds'] >= 0  # the time left, said after the first epoch:
-    assert f'minutes left for the {runs} runs' in result.stdout
+    assert re.search(rf'about \d+(\.\d)? (seconds|minutes) left for the {runs} runs',
+                     result.stdout), result.stdout
 
 
-@pytest.mark.parametrize('name', ALL_SCRIPTS)
-def test_help_lists_every_flag(name, capsys):
+def test_help_lists_every_flag_and_where_the_others_are(ab94, capsys):
     with pytest.raises(SystemExit) as exit:
-        load_script(name).main(['--help'])
+        ab94.main(['--help'])
     assert exit.value.code == 0
     usage = capsys.readouterr().out
-    for flag in ['--runs', '--data-dir', '--device', '--seed', '--log-dir', '--epochs',
-                 '--precision', '--hyp', '--warmup']:
-        assert flag in usage
-    for flag in ['--dataset', '--train-splits', '--epoch-eval', '--deterministic']:
-        assert flag not in usage  # study.py's, after its --
+    flags = re.findall(r'^  (--[a-z-]+)', usage, re.MULTILINE)
+    assert flags == ['--runs', '--seed', '--epochs', '--data-dir', '--device', '--log-dir']
+    assert 'edit hyp' in usage and 'study.py' in usage
+
+
+def test_the_time_left_is_said_only_when_some_is_left(ab94, tmp_path, monkeypatch, capsys):
+    """After the first epoch: nothing after a one-epoch run, else the timed seconds of that epoch
+    times the epochs left, in seconds, or minutes from 90 seconds on."""
+    monkeypatch.setattr(ab94, 'load_dataset', lambda *a, **k: tiny_dataset())
+
+    def train_taking_a_minute_an_epoch(data, hyp, device, precision, seed, *args, **kwargs):
+        on_epoch = kwargs.pop('on_epoch', None)
+        for epoch in range(math.ceil(hyp['opt']['train_epochs'])):
+            if on_epoch is not None:
+                on_epoch(dict(epoch=epoch, train_loss=1.0, total_time_seconds=60.0 * (epoch + 1)))
+        return dict(seed=seed, tta_val_acc=0.5, total_time_seconds=60.0)
+    monkeypatch.setattr(ab94, 'train', train_taking_a_minute_an_epoch)
+    set_hyp(monkeypatch, ab94, {'opt.batch_size': 16}, narrow('airbench94'))
+    said = {}
+    for runs, epochs in ((1, 1), (1, 2), (3, 1), (2, 2)):
+        ab94.main(['--runs', str(runs), '--epochs', str(epochs), '--log-dir', str(tmp_path)])
+        said[runs, epochs] = [line for line in capsys.readouterr().out.splitlines()
+                              if 'left for' in line]
+    assert said == {(1, 1): [], (1, 2): ['about 60 seconds left for the 1 runs'],
+                    (3, 1): ['about 2.0 minutes left for the 3 runs'],
+                    (2, 2): ['about 3.0 minutes left for the 2 runs']}
 
 
 @pytest.mark.parametrize('full', [False, True])
@@ -74,10 +99,24 @@ def test_the_warmup_warms_what_the_device_needs(ab94, tmp_path, monkeypatch, ful
         labels.append(data['train']['labels'].clone())
         return train(data, hyp, *args, **kwargs)
     monkeypatch.setattr(ab94, 'train', recorded)
+    set_hyp(monkeypatch, ab94, {'opt.batch_size': 16, 'net.tta_level': 0}, narrow('airbench94'))
     assert ab94.main(['--runs', '1', '--log-dir', str(tmp_path), '--device', 'cpu', '--epochs',
-                      '2', '--hyp', 'opt.batch_size=16', '--hyp', 'net.tta_level=0',
-                      *narrow('airbench94')]) == 0
+                      '2']) == 0
     assert calls == [(32, 128 if full else 32, 2 if full else 1), (128, 128, 2)]
     assert not torch.equal(labels[0], labels[1][:32])  # the warmup's labels are random
     assert summary_of(tmp_path)['warmup_seconds'] > 0
     assert ab94.hyp['opt']['whiten_bias_epochs'] == 3
+
+
+@pytest.mark.parametrize('native_bf16', [True, False])
+def test_the_precision_for_a_device_is_the_scripts_and_study_pys(ab94, monkeypatch, native_bf16):
+    """One choice (the tail's precision_for), which study.py's --precision auto calls: fp16 on
+    CUDA; on a CPU bf16 autocast where it has native bf16, else fp32."""
+    load_script('study')  # puts the repository on the path
+    from studylib.device import resolve_device_precision
+    monkeypatch.setattr(torch.ops.mkldnn, '_is_mkldnn_bf16_supported', lambda: native_bf16)
+    assert ab94.precision_for(torch.device('cuda', 0)) == 'fp16'
+    assert ab94.precision_for(torch.device('cpu')) == ('bf16' if native_bf16 else 'fp32')
+    assert resolve_device_precision('cpu', 'auto') == (torch.device('cpu'),
+                                                       'bf16' if native_bf16 else 'fp32')
+    assert resolve_device_precision('cpu', 'fp32')[1] == 'fp32'  # study.py's choice, when given

@@ -1,19 +1,21 @@
 """Bad input gets a clear message naming the problem and the fix, never a deep traceback, and
-nothing already computed is lost: in every script (the data, the flags, every hyp value, the
-cache, Ctrl-C), and the same seed gives the same result."""
+nothing already computed is lost: the data (the scripts' reader, which study.py calls: the same
+message from both), the flags, every hyp value (study.py's checks, by each script's own rules), the
+cache, Ctrl-C; and the same seed gives the same result. What is below the banner is one code in
+every script (tests/scripts/test_layout.py): it is tested on airbench94."""
 import json
 import os
 import re
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 import torch
 
-from conftest import (ALL_SCRIPTS, QUICK, REPO, TINY, compile_with_backend, load_script, narrow,
-                      run_script, study_dir, summary_of, tiny_dataset, write_image_folder)
+from conftest import (ALL_SCRIPTS, QUICK, QUICK_HYP, TINY, TINY_HYP, compile_with_backend,
+                      in_fp32, load_script, narrow, run_script, script_command, set_hyp,
+                      study_dir, summary_of, tiny_dataset, write_image_folder)
 
 load_script('study')  # puts the repository on the path
 import studylib.data  # noqa: E402
@@ -25,26 +27,34 @@ from studylib.hyp import config_hyp  # noqa: E402
 
 @pytest.fixture(params=ALL_SCRIPTS)
 def any_script(request):
-    """Each of the seven scripts: below the banner they are one code, but each is run here, as a
-    user runs the one they chose."""
+    """Each of the seven scripts: their methods, and the rules of their hyp, differ."""
     return load_script(request.param)
 
 
-def script_error(any_script, data_dir, tmp_path, capsys):
+def script_error(ab94, data_dir, tmp_path, capsys, monkeypatch):
     """What main() says, and exits with, on the data in data_dir (one run of one tiny epoch)."""
+    set_hyp(monkeypatch, ab94, TINY_HYP)
     with pytest.raises(SystemExit) as exit:
-        any_script.main(['--data-dir', str(data_dir), '--log-dir', str(tmp_path / 'logs'), *TINY])
+        ab94.main(['--data-dir', str(data_dir), '--log-dir', str(tmp_path / 'logs'), *TINY])
     assert not (tmp_path / 'logs').exists()  # refused at the start: no log
     return str(exit.value.code) + capsys.readouterr().err
 
 
-def test_missing_data_without_network_says_how_to_provide_it(any_script, tmp_path):
-    with pytest.raises(ValueError) as error:
-        any_script.load_dataset('cifar10', str(tmp_path / 'nothing'), download=False)
+def study_error(data_dir, name='folder'):
+    """What study.py's loader says on the data in data_dir."""
+    with pytest.raises(StudyError) as error:
+        load_study_data(name, str(data_dir), download=False)
+    return str(error.value)
+
+
+def test_missing_data_without_network_says_how_to_provide_it(ab94, tmp_path):
+    with pytest.raises(ValueError) as error:  # without trying the network
+        ab94.load_dataset(str(tmp_path / 'nothing'), download=False)
     message = str(error.value)
-    assert 'No image folder (train/<class>/*, test/<class>/*) nor cifar10' in message
+    assert message.startswith('No image folder (train/<class>/*, test/<class>/*) nor CIFAR-10')
     assert 'network access' in message and '--data-dir' in message
-    with pytest.raises(StudyError) as error:  # study.py's loader: three datasets and folders
+    assert study_error(tmp_path / 'nothing', 'cifar10') == message  # study.py calls the same
+    with pytest.raises(StudyError) as error:  # study.py's own loader: CIFAR-100, SVHN
         load_study_data('cifar100', str(tmp_path / 'nothing'), download=False)
     message = str(error.value)
     assert 'No cifar100 dataset found' in message
@@ -59,38 +69,41 @@ def test_directory_in_neither_layout_is_refused_by_study_py(tmp_path):
         load_study_data('folder', str(tmp_path))
 
 
-def test_images_not_32x32_are_refused(any_script, tmp_path, capsys):
-    root = write_image_folder(str(tmp_path / 'big'), num_classes=2, train_per_class=2,
-                              test_per_class=1, size=40)
-    said = script_error(any_script, root, tmp_path, capsys)
-    assert re.search('error: .*40x40 pixels.*32x32.*do not resize', said), said
-    with pytest.raises(StudyError, match='40x40 pixels.*32x32.*do not resize'):
-        load_study_data('folder', root)
-
-
-def test_unreadable_image_is_named(any_script, tmp_path, capsys):
-    root = write_image_folder(str(tmp_path / 'broken'), num_classes=2, train_per_class=2,
-                              test_per_class=1)
+def bad_image_folder(root, problem):
+    """A small image folder with one problem: a 40x40 image, an image file that is no image, a
+    class of test/ that train/ lacks, a split without class directories."""
+    write_image_folder(root, num_classes=3, train_per_class=2, test_per_class=1)
     bad = os.path.join(root, 'train', 'class_1', '0001.png')
-    with open(bad, 'wb') as f:
-        f.write(b'not a png')
-    said = script_error(any_script, root, tmp_path, capsys)
-    assert said.startswith('error: ') and bad in said and 'Traceback' not in said
-    with pytest.raises(StudyError, match=f'{bad} could not be read as an image'):
-        load_study_data('folder', root)
+    if problem == 'size':
+        from PIL import Image
+        Image.new('RGB', (40, 40)).save(bad)
+    elif problem == 'unreadable':
+        with open(bad, 'wb') as f:
+            f.write(b'not a png')
+    elif problem == 'classes':
+        os.rename(os.path.join(root, 'test', 'class_2'), os.path.join(root, 'test', 'class_9'))
+    elif problem == 'layout':
+        for name in os.listdir(os.path.join(root, 'test')):
+            os.rename(os.path.join(root, 'test', name), os.path.join(root, name))
+    return bad
 
 
-def test_train_and_test_class_sets_must_match(any_script, tmp_path, capsys):
-    root = write_image_folder(str(tmp_path / 'mismatch'), num_classes=3, train_per_class=2,
-                              test_per_class=1)
-    os.rename(os.path.join(root, 'test', 'class_2'), os.path.join(root, 'test', 'class_9'))
-    said = script_error(any_script, root, tmp_path, capsys)
-    assert said.startswith(f'error: {root}: train/ and test/ have different class directories '
-                           "(['class_0', 'class_1', 'class_2'] and ['class_0', 'class_1', "
-                           "'class_9'])"), said
-    with pytest.raises(StudyError, match=r"only in train: \['class_2'\]; only in test: "
-                                         r"\['class_9'\]"):
-        load_study_data('folder', root)
+@pytest.mark.parametrize('problem, message', [
+    ('size', '{bad} is 40x40 pixels, but these scripts train on 32x32 images and do not resize '
+             'silently. Resize them first.'),
+    ('unreadable', '{bad} could not be read as an image ('),
+    ('classes', "{root}: train/ and test/ have different class directories (only in train: "
+                "['class_2']; only in test: ['class_9']). All splits need the same classes."),
+    ('layout', "{root}/test: Couldn't find any class folder"),
+])
+def test_bad_data_gets_the_same_one_line_message_from_the_script_and_study_py(
+        problem, message, ab94, tmp_path, capsys, monkeypatch):
+    root = str(tmp_path / 'data')
+    bad = bad_image_folder(root, problem)
+    said = script_error(ab94, root, tmp_path, capsys, monkeypatch)
+    assert said.startswith('error: ' + message.format(bad=bad, root=root)), said
+    assert 'Traceback' not in said and '\n' not in said.strip()
+    assert said.strip() == f'error: {study_error(root)}'  # study.py reads with the script's reader
 
 
 def test_corrupt_cache_is_rebuilt_and_said_so(tmp_path):
@@ -140,26 +153,29 @@ def test_stale_cache_is_rebuilt_when_the_folder_changes(image_folder):
 
 NONSENSICAL_FLAGS = [
     (['--runs', '0'], '--runs must be at least 1'),
-    (['--epochs', '0'], '--hyp opt.train_epochs takes a number from 0.001 to inf, not 0.0'),
-    (['--epochs', '-2'], '--hyp opt.train_epochs takes a number from 0.001 to inf, not -2.0'),
-    (['--epochs', 'nan'], "--hyp opt.train_epochs takes a number from 0.001 to inf, not 'nan'"),
+    (['--epochs', '0'], '--epochs must be above 0, not 0.0'),
+    (['--epochs', '-2'], '--epochs must be above 0, not -2.0'),
+    (['--epochs', 'nan'], '--epochs must be above 0, not nan'),
     (['--device', 'toaster'], 'device string: toaster'),
     (['--dataset', 'cifar100'], 'unrecognized arguments: --dataset cifar100'),  # study.py's
-    (['--hyp', 'opt.learning_rate=3'], 'no such hyperparameter'),
-    (['--hyp', 'opt.lr'], '--hyp takes KEY=VALUE'),
-    (['--hyp', 'lr=3'], '--hyp lr: no such hyperparameter'),
-    (['--hyp', 'aug.flip=sideways'], "--hyp aug.flip takes one of ('alternating', 'random', "
-     "'none'), not 'sideways'"),
-    (['--hyp', 'net.tta_level=3'], '--hyp net.tta_level takes one of (0, 1, 2), not 3'),
-    (['--hyp', 'opt.batch_size=0'], '--hyp opt.batch_size takes a whole number from 1 to inf, '
-     'not 0'),
-    (['--hyp', 'opt.momentum=fast'], "--hyp opt.momentum takes a number from 0 to 0.999, not "
-     "'fast'"),
+]
+# study.py's flags that the scripts once took: one line each, saying where the flag went
+MOVED_FLAGS = [
+    (['--hyp', 'opt.lr=3'], "error: --hyp is study.py's: python study.py airbench94 --runs N "
+     '--study-dir DIR -- --hyp opt.lr=10, or edit hyp in airbench94.py'),
+    (['--hyp=aug.flip=random'], "error: --hyp is study.py's: python study.py airbench94 --runs N "
+     '--study-dir DIR -- --hyp opt.lr=10, or edit hyp in airbench94.py'),
+    (['--precision', 'fp32'], "error: --precision is study.py's: python study.py airbench94 "
+     '--runs N --study-dir DIR -- --precision fp32'),
+    (['--no-warmup'], "error: --no-warmup is study.py's: python study.py airbench94 --runs N "
+     '--study-dir DIR -- --no-warmup'),
+    (['--warmup'], "error: --warmup is study.py's: python study.py airbench94 --runs N "
+     '--study-dir DIR -- --warmup'),
 ]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('flags, message', NONSENSICAL_FLAGS)
+@pytest.mark.parametrize('flags, message', NONSENSICAL_FLAGS + MOVED_FLAGS[:1])
 def test_nonsensical_flags(flags, message, tmp_path):
     args = ['--data-dir', str(tmp_path), *flags]
     result = run_script('airbench94', *args, '--log-dir', str(tmp_path / 'logs'), timeout=120)
@@ -170,15 +186,24 @@ def test_nonsensical_flags(flags, message, tmp_path):
 
 
 @pytest.mark.parametrize('flags, message', NONSENSICAL_FLAGS)
-def test_nonsensical_flags_in_every_script(flags, message, any_script, tmp_path, capsys):
+def test_nonsensical_flags_in_process(flags, message, ab94, tmp_path, capsys):
     """As test_nonsensical_flags, in this process: main() exits with the message alone (a
     traceback here would be an exception, not SystemExit)."""
     args = ['--data-dir', str(tmp_path), *flags]
     with pytest.raises(SystemExit) as exit:
-        any_script.main([*args, '--log-dir', str(tmp_path / 'logs')])
+        ab94.main([*args, '--log-dir', str(tmp_path / 'logs')])
     said = capsys.readouterr().err + str(exit.value.code)
     assert exit.value.code != 0 and message in said
     assert not (tmp_path / 'logs').exists()
+
+
+@pytest.mark.parametrize('flags, message', MOVED_FLAGS)
+def test_a_flag_that_went_to_study_py_says_where_in_one_line(flags, message, ab94, tmp_path,
+                                                             capsys):
+    """Not a usage error: the one line, naming the script's own file and study.py's command."""
+    with pytest.raises(SystemExit) as exit:
+        ab94.main(['--runs', '2', *flags, '--data-dir', str(tmp_path)])
+    assert exit.value.code == message and capsys.readouterr().err == ''
 
 
 def bad_values(default):
@@ -192,32 +217,27 @@ def bad_values(default):
     return ['-1', 'nan', 'inf', 'many', '1e999']
 
 
-def refusals(script, setting):
-    """(the script's message, study.py's message) for --hyp SETTING; None where it takes it."""
-    said = []
-    for check in (lambda: script.hyp_with_flags(script.parse_args(['--hyp', setting])),
-                  lambda: config_hyp(script.hyp, script.HYP_CHOICES, script.HYP_RANGES,
-                                     parse_flags(['--hyp', setting]))):
-        try:
-            check()
-            said.append(None)
-        except (ValueError, StudyError) as error:
-            said.append(str(error))
-    return said
+def study_refusal(script, setting):
+    """study.py's message for `-- --hyp SETTING` on this script's hyp; None where it takes it."""
+    try:
+        config_hyp(script.hyp, script.HYP_CHOICES, script.HYP_RANGES,
+                   parse_flags(['--hyp', setting]))
+    except StudyError as error:
+        return str(error)
+    return None
 
 
 def test_every_hyp_value_of_the_wrong_kind_is_refused_by_name(any_script):
-    """Every entry of the script's hyp: a value that its method cannot take is refused before any
-    training, naming the entry and what it takes (not a ZeroDivisionError or a KeyError later), by
-    the script and by study.py alike, and each takes the value hyp has."""
+    """Every entry of the script's hyp: a value that its method cannot take is refused by study.py
+    before any training, naming the entry and what it takes (not a ZeroDivisionError or a KeyError
+    later), by the script's own rules; and the value hyp has is taken."""
     for group, entries in any_script.hyp.items():
         for name, default in entries.items():
-            assert refusals(any_script, f'{group}.{name}={default!r}') == [None, None]
+            assert study_refusal(any_script, f'{group}.{name}={default!r}') is None
             for value in bad_values(default):
-                script_says, study_says = refusals(any_script, f'{group}.{name}={value}')
+                said = study_refusal(any_script, f'{group}.{name}={value}')
                 assert re.match(re.escape(f'--hyp {group}.{name}') + r'(\.\w+)? takes ',
-                                script_says or ''), script_says
-                assert study_says == script_says
+                                said or ''), said
 
 
 @pytest.mark.parametrize('setting', [
@@ -227,33 +247,34 @@ def test_every_hyp_value_of_the_wrong_kind_is_refused_by_name(any_script):
     'aug.brightness=-0.1', 'opt.renorm_every=(0, 17)', 'proxy.step_every=0',
     'net.convs_per_block=4'])
 def test_values_outside_what_the_method_takes_are_refused(setting, any_script):
-    """By the script and by study.py, with the same message (study.py's rules are the scripts')."""
+    """By study.py, by each script's own rules (HYP_CHOICES, HYP_RANGES)."""
     key = setting.partition('=')[0]
     group, name = key.split('.')
     if name not in any_script.hyp.get(group, {}):
         pytest.skip(f'{key} is not a hyperparameter of this script')
-    script_says, study_says = refusals(any_script, setting)
-    assert re.match(re.escape(f'--hyp {key}') + r'(\.block2)? takes ', script_says), script_says
-    assert study_says == script_says
+    said = study_refusal(any_script, setting)
+    assert re.match(re.escape(f'--hyp {key}') + r'(\.block2)? takes ', said or ''), said
 
 
 @pytest.mark.parametrize('setting', ['opt.momentum=0.999', 'aug.cutout=32', 'aug.translate=31',
                                      'opt.train_epochs=0.001', 'opt.label_smoothing=1',
-                                     'net.whiten=0', 'net.identity_init=1'])
+                                     'net.whiten=0', 'net.identity_init=1',
+                                     'net.widths.block1=32'])
 def test_the_edges_of_the_ranges_are_taken(setting, ab94):
-    """By the script and by study.py alike (a switch's False and True are 0 and 1)."""
-    assert refusals(ab94, setting) == [None, None]
+    """By study.py (a switch's False and True are 0 and 1; one width by its own key)."""
+    assert study_refusal(ab94, setting) is None
 
 
 def test_the_same_seed_gives_the_same_result(any_script, tmp_path, monkeypatch):
     """Two runs of seed 7 (the first of --runs 2 and a run of its own): the same losses and
-    accuracies to the last bit, and seed 8's differ. Two epochs of 4 steps on 64 images of two
-    classes; airbench94_compiled on the CPU compiles with inductor: the eager backend checks its
-    own code in a fraction of the time."""
+    accuracies to the last bit, and seed 8's differ, in every script's method. Two epochs of 4
+    steps on 64 images of two classes; airbench94_compiled on the CPU compiles with inductor: the
+    eager backend checks its own code in a fraction of the time."""
     compile_with_backend(monkeypatch, 'eager')
     monkeypatch.setattr(any_script, 'load_dataset', lambda *args, **kwargs: tiny_dataset())
-    flags = ['--device', 'cpu', '--precision', 'fp32', '--hyp', 'opt.batch_size=16', '--epochs',
-             '2', '--no-warmup', *narrow(any_script.__name__)]
+    in_fp32(monkeypatch, any_script)
+    set_hyp(monkeypatch, any_script, {'opt.batch_size': 16}, narrow(any_script.__name__))
+    flags = ['--device', 'cpu', '--epochs', '2']
     runs = []
     for seed, count in ((7, 2), (7, 1)):
         log_dir = tmp_path / f'logs{len(runs)}'
@@ -286,7 +307,8 @@ def test_cuda_requested_but_absent(tmp_path):
 @pytest.mark.slow
 def test_diverging_loss_stops_with_a_message(image_folder, tmp_path):
     result = run_script('airbench94', '--data-dir', image_folder, '--runs', '2', '--seed', '0',
-                        '--log-dir', str(tmp_path / 'logs'), *QUICK, '--hyp', 'opt.lr=1e30')
+                        '--log-dir', str(tmp_path / 'logs'), *QUICK,
+                        hyp={**QUICK_HYP, 'opt.lr': 1e30})
     assert result.returncode == 1
     assert 'the training loss became nan' in result.stdout or 'became inf' in result.stdout
     assert 'Lower the learning rate' in result.stdout and 'Traceback' not in result.stderr
@@ -299,12 +321,15 @@ def test_divergence_in_a_later_run_keeps_the_earlier_runs(ab94, tmp_path, monkey
     real_train, seeds = ab94.train, []
 
     def train_diverging_on_second_run(data, hyp, device, precision, seed, *args, **kwargs):
+        if 'on_epoch' not in kwargs:  # the warmup
+            return real_train(data, hyp, device, precision, seed, *args, **kwargs)
         seeds.append(seed)
         if len(seeds) == 2:  # the loss the second run reports after its first epoch
             kwargs['on_epoch'](dict(epoch=0, train_loss=float('nan')))
         return real_train(data, hyp, device, precision, seed, *args, **kwargs)
 
     monkeypatch.setattr(ab94, 'train', train_diverging_on_second_run)
+    set_hyp(monkeypatch, ab94, TINY_HYP)
     code = ab94.main(['--runs', '3', '--seed', '5', '--log-dir', str(tmp_path), *TINY])
     assert code == 1 and seeds == [5, 6]
     summary = json.loads((study_dir(tmp_path) / 'summary.json').read_text())
@@ -313,11 +338,10 @@ def test_divergence_in_a_later_run_keeps_the_earlier_runs(ab94, tmp_path, monkey
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('name', ALL_SCRIPTS)
-def test_ctrl_c_keeps_finished_runs_and_says_how_many(name, image_folder, tmp_path):
-    args = [sys.executable, os.path.join(REPO, f'{name}.py'), '--data-dir', image_folder,
-            '--runs', '50', '--seed', '0', '--log-dir', str(tmp_path / 'logs'), *QUICK,
-            *narrow(name)]
+def test_ctrl_c_keeps_finished_runs_and_says_how_many(image_folder, tmp_path):
+    args = script_command('airbench94', '--data-dir', image_folder, '--runs', '50', '--seed', '0',
+                          '--log-dir', str(tmp_path / 'logs'), *QUICK,
+                          hyp={**QUICK_HYP, **narrow('airbench94')})
     # A shell starting pytest as a background job without job control (`pytest &` in a script,
     # nohup, CI runners) sets SIGINT to "ignore", and exec'd children inherit that, so Python
     # would never see this test's Ctrl-C (seen here: a full-suite run launched with `&`, where the
@@ -364,6 +388,7 @@ def test_logs_are_replaced_atomically(ab94, tmp_path, monkeypatch):
                 raise OSError(28, 'No space left on device')
             json.dump(log, f, **kwargs)
     monkeypatch.setattr(ab94, 'json', FullDisk)
+    set_hyp(monkeypatch, ab94, TINY_HYP)
     with pytest.raises(OSError, match='No space left'):
         ab94.main(['--runs', '2', '--seed', '5', '--log-dir', str(tmp_path), *TINY])
     summary = json.loads((study_dir(tmp_path) / 'summary.json').read_text())

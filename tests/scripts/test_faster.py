@@ -12,8 +12,9 @@ import torch.nn.functional as F
 
 import test_layout
 import test_method
-from conftest import (CPU, FAKE_CUDA, QUICK, load_script, load_tool, needs_cpu_fp16_padding,
-                      needs_fake_cuda, run_script, summary_of, tiny_dataset, with_hyp)
+from conftest import (CPU, FAKE_CUDA, QUICK, QUICK_HYP, load_script, load_tool,
+                      needs_cpu_fp16_padding, needs_fake_cuda, run_script, summary_of,
+                      tiny_dataset, with_hyp)
 
 NAME = 'airbench96_faster'
 
@@ -401,10 +402,10 @@ def test_layout_import_and_method_part(faster):
 
 @pytest.mark.slow
 def test_run_writes_logs_and_learns(image_folder, tmp_path):
-    widths = "{'block1': 16, 'block2': 16, 'block3': 16}"
+    widths = {'block1': 16, 'block2': 16, 'block3': 16}
     result = run_script(NAME, '--data-dir', image_folder, '--runs', '1', '--seed', '3',
-                        '--log-dir', str(tmp_path / 'logs'), *QUICK, '--hyp',
-                        f'net.widths={widths}')
+                        '--log-dir', str(tmp_path / 'logs'), *QUICK,
+                        hyp={**QUICK_HYP, 'net.widths': widths})
     assert result.returncode == 0, result.stderr
     summary = summary_of(tmp_path / 'logs')
     assert summary['status'] == 'finished' and summary['hyp']['opt']['train_epochs'] == 4

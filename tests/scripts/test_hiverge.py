@@ -13,9 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from conftest import (CPU, FAKE_CUDA, load_script, needs_cpu_fp16_padding, needs_fake_cuda,
-                      newton_schulz_by_svd, record_compiled_graphs, script_changes, tiny_dataset,
-                      warm_up_as_on_cuda, with_hyp)
+from conftest import (CPU, FAKE_CUDA, in_fp32, load_script, needs_cpu_fp16_padding,
+                      needs_fake_cuda, newton_schulz_by_svd, record_compiled_graphs, script_changes,
+                      set_hyp, tiny_dataset, warm_up_as_on_cuda, with_hyp)
 
 NAME = 'airbench94_hiverge'
 # Every 3x3 filter bank of the network, flattened to out_channels x (in_channels * 9), in order
@@ -434,7 +434,7 @@ def test_no_host_synchronization_inside_the_timed_region(hiverge, monkeypatch):
 
 
 @pytest.mark.parametrize('num_test, bias_settings', [
-    (2100, []), (4100, ['--hyp', 'opt.whiten_bias_epochs=1.5'])])
+    (2100, {}), (4100, {'opt.whiten_bias_epochs': 1.5})])
 def test_every_graph_compiled_in_the_warmup_none_when_timed(hiverge, monkeypatch, tmp_path,
                                                            num_test, bias_settings):
     """compiles() forced on the CPU, graphs recorded by a backend that runs them eagerly: the
@@ -451,9 +451,10 @@ def test_every_graph_compiled_in_the_warmup_none_when_timed(hiverge, monkeypatch
     data = tiny_dataset(per_class=32)
     test = tiny_dataset(per_class=num_test // 2)['train']
     monkeypatch.setattr(hiverge, 'load_dataset', lambda *args, **kwargs: {**data, 'test': test})
-    code = hiverge.main(['--runs', '1', '--seed', '0', '--hyp', 'opt.batch_size=16', '--epochs',
-                         '2', '--device', 'cpu', '--precision', 'fp32', '--log-dir',
-                         str(tmp_path), '--hyp', f'net.widths={SMALL}', *bias_settings])
+    in_fp32(monkeypatch, hiverge)
+    set_hyp(monkeypatch, hiverge, {'opt.batch_size': 16, 'net.widths': SMALL}, bias_settings)
+    code = hiverge.main(['--runs', '1', '--seed', '0', '--epochs', '2', '--device', 'cpu',
+                         '--log-dir', str(tmp_path)])
     assert code == 0
     assert warmed == [len(graphs)] and len(graphs) == 8  # every one in the warmup, none when timed
     images = [[shape for shape in shapes if shape[1:] == (3, 32, 32)] for shapes in graphs]

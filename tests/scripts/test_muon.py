@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from conftest import (CPU, FAKE_CUDA, NARROW_WIDTHS, load_script, needs_cpu_fp16_padding,
-                      needs_fake_cuda, newton_schulz_by_svd, record_compiled_graphs, tiny_dataset,
-                      warm_up_as_on_cuda, with_hyp)
+from conftest import (CPU, FAKE_CUDA, NARROW_WIDTHS, in_fp32, load_script,
+                      needs_cpu_fp16_padding, needs_fake_cuda, newton_schulz_by_svd,
+                      record_compiled_graphs, set_hyp, tiny_dataset, warm_up_as_on_cuda, with_hyp)
 
 
 # Every 3x3 filter bank of the network, flattened to out_channels x (in_channels * 9): all wide.
@@ -272,9 +272,10 @@ def test_cuda_compilation_compiles_whole_network_graphs_all_in_the_warmup(muon, 
     warmed = warm_up_as_on_cuda(monkeypatch, muon, graphs)
     data = {**tiny_dataset(per_class=64), 'test': tiny_dataset(per_class=32)['test']}
     monkeypatch.setattr(muon, 'load_dataset', lambda *args, **kwargs: data)
-    assert muon.main(['--runs', '1', '--seed', '0', '--hyp', 'opt.batch_size=32', '--epochs', '2',
-                      '--hyp', 'opt.whiten_bias_epochs=1', '--device', 'cpu', '--precision',
-                      'fp32', '--log-dir', str(tmp_path)]) == 0
+    in_fp32(monkeypatch, muon)
+    set_hyp(monkeypatch, muon, {'opt.batch_size': 32, 'opt.whiten_bias_epochs': 1})
+    assert muon.main(['--runs', '1', '--seed', '0', '--epochs', '2', '--device', 'cpu',
+                      '--log-dir', str(tmp_path)]) == 0
     assert warmed == [len(graphs)] and len(graphs) == 5  # none compiled in the timed run
     images = [[shape for shape in shapes if shape[1:] == (3, 32, 32)] for shapes in graphs]
     network = [batch[0][0] for batch in images if len(batch) == 1]

@@ -33,8 +33,7 @@ def test_half_an_epoch_on_real_cifar10(tmp_path):
             archive.extractall(tmp_path / 'cifar10', filter='data')
         data_dir = str(tmp_path / 'cifar10')
     result = run_script('airbench94', '--data-dir', data_dir, '--runs', '1', '--epochs', '0.5',
-                        '--seed', '0', '--no-warmup', '--log-dir', str(tmp_path / 'logs'),
-                        timeout=1800)
+                        '--seed', '0', '--log-dir', str(tmp_path / 'logs'), timeout=1800)
     assert result.returncode == 0, result.stderr
     (run,) = summary_of(tmp_path / 'logs')['runs']
     accuracy = run['tta_val_acc']

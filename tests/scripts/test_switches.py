@@ -14,6 +14,18 @@ from torch import nn
 
 from conftest import CPU, NARROW_WIDTHS, load_script, quick_train, tiny_dataset, with_hyp
 
+load_script('study')  # puts the repository on the path
+from studylib.cli import parse_flags  # noqa: E402
+from studylib.errors import StudyError  # noqa: E402
+from studylib.hyp import config_hyp  # noqa: E402
+
+
+def study_hyp(script, settings, hyp=None):
+    """The hyp that study.py trains for `-- --hyp SETTING ...`, checked by the script's rules."""
+    flags = [word for setting in settings for word in ('--hyp', setting)]
+    return config_hyp(script.hyp if hyp is None else hyp, script.HYP_CHOICES, script.HYP_RANGES,
+                      parse_flags(flags))
+
 N, BATCH = 2050, 100  # loader tests: 20 full batches and a partial one, dropped
 
 
@@ -236,30 +248,29 @@ def test_training_samples_with_replacement(ab94, monkeypatch):
     ('net.tta_level=3', '--hyp net.tta_level takes one of (0, 1, 2)'),
 ])
 def test_values_a_switch_cannot_honour_are_refused(paper_script, setting, message):
-    with pytest.raises(ValueError, match=re.escape(message)):
-        paper_script.hyp_with_flags(paper_script.parse_args(['--hyp', setting]))
+    with pytest.raises(StudyError, match=re.escape(message)):
+        study_hyp(paper_script, [setting])
 
 
 def test_every_switch_value_is_accepted(ab94):
     settings = ['net.whiten=False', 'net.identity_init=False', 'opt.bias_scaler=1',
                 'opt.lookahead_every=0', 'opt.sampling=replacement', 'aug.flip=random',
                 'net.tta_level=1']
-    run_hyp = ab94.hyp_with_flags(ab94.parse_args([a for s in settings for a in ('--hyp', s)]))
+    run_hyp = study_hyp(ab94, settings)
     opt, aug, arch = run_hyp['opt'], run_hyp['aug'], run_hyp['net']
     assert (arch['whiten'], arch['identity_init'], opt['bias_scaler'], opt['lookahead_every'],
             opt['sampling'], aug['flip'], arch['tta_level']) == (False, False, 1, 0, 'replacement',
                                                                  'random', 1)
 
 
-def test_validation_checks_only_the_keys_a_scripts_hyp_has(ab94, monkeypatch):
-    """Below the banner is shared by every script; a script without some switch (the Muon one has
-    no Lookahead) must still run."""
+def test_validation_checks_only_the_keys_a_scripts_hyp_has(ab94):
+    """study.py checks every script by its rules; a script without some switch that its rules
+    name (the Muon one has no Lookahead) must still run."""
     bare = copy.deepcopy(ab94.hyp)
     for group, key in (('opt', 'sampling'), ('opt', 'lookahead_every'), ('net', 'whiten'),
                        ('net', 'identity_init')):
         del bare[group][key]
-    monkeypatch.setattr(ab94, 'hyp', bare)
-    assert ab94.hyp_with_flags(ab94.parse_args([])) == bare
+    assert study_hyp(ab94, [], hyp=bare) == bare
 
 
 def test_airbench94_hiverges_switches_tta_fraction_and_jitter(monkeypatch):
@@ -269,8 +280,8 @@ def test_airbench94_hiverges_switches_tta_fraction_and_jitter(monkeypatch):
     hiverge = load_script('airbench94_hiverge')
     for setting, message in (('net.tta_level=3', '--hyp net.tta_level takes one of (0, 1, 2)'),
                              ('aug.flip=sideways', "--hyp aug.flip takes one of ('alternating'")):
-        with pytest.raises(ValueError, match=re.escape(message)):
-            hiverge.hyp_with_flags(hiverge.parse_args(['--hyp', setting]))
+        with pytest.raises(StudyError, match=re.escape(message)):
+            study_hyp(hiverge, [setting])
     epochs = spy(monkeypatch, hiverge, 'augmented_images')  # each epoch's augmentation
     net = hiverge.build_net({**hiverge.hyp['net'], 'widths': {'block1': 8, 'block2': 8,
                                                               'block3': 8}}, 2, CPU, 'fp32')
@@ -279,8 +290,7 @@ def test_airbench94_hiverges_switches_tta_fraction_and_jitter(monkeypatch):
         len(inputs[0])))
     for settings, jittered in (([], True), (['net.tta_fraction=0', 'aug.brightness=0',
                                              'aug.contrast=0'], False)):
-        run_hyp = hiverge.hyp_with_flags(hiverge.parse_args([a for s in settings
-                                                             for a in ('--hyp', s)]))
+        run_hyp = study_hyp(hiverge, settings)
         epochs.clear(), evaluated.clear()
         hiverge.train(tiny_dataset(), with_hyp(run_hyp, opt__batch_size=32, opt__train_epochs=2),
                       CPU, 'fp32', 0, net=net, epoch_eval=False)

@@ -1,8 +1,8 @@
 """studylib.stats.inference on plain arrays: compare against R's published output on Student's
 sleep data and against scipy, target_test and its one-sided bound, equivalence (TOST) and its size
 at the margin by simulation, runs_needed against Cohen's table and simulated power, Holm's
-adjustment, time ratios, and the coverage of the intervals of a mean and of a comparison; the
-scripts' own interval of the mean against Student's t."""
+adjustment, time ratios, and the coverage of the intervals of a mean and of a comparison (the
+scripts have no interval of their own: the mean and its interval are study.py's)."""
 import math
 import sys
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from conftest import REPO, load_script, load_tool
+from conftest import REPO, load_tool
 
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
@@ -25,21 +25,6 @@ SLEEP_1 = [0.7, -1.6, -0.2, -1.2, -0.1, 3.4, 3.7, 0.8, 0.0, 2.0]
 
 
 SLEEP_2 = [1.9, 0.8, 1.1, 0.1, -0.1, 4.4, 5.5, 1.6, 4.6, 3.4]
-
-
-def test_the_scripts_interval_of_the_mean_is_students_t():
-    """The scripts' summary (they need only torch): mean and std exact, the 95% interval's
-    half-width Student's t's to the rounding of its table (n <= 25) and within the 0.4% its
-    docstring states past it, on the sleep data repeated to each size."""
-    summary = load_script('airbench94').mean_and_interval
-    for n in range(2, 120):
-        values = (SLEEP_1 * 12)[:n]
-        result, sem = summary(values), stats.sem(values)
-        assert result['n'] == n and result['mean'] == pytest.approx(np.mean(values), abs=1e-12)
-        assert result['std'] == pytest.approx(np.std(values, ddof=1), rel=1e-12)
-        half_width = (result['ci95'][1] - result['ci95'][0]) / 2
-        assert half_width == pytest.approx(stats.t.ppf(0.975, n - 1) * sem,
-                                           rel=0.0025 if n <= 25 else 0.004), n
 
 
 def test_paired_comparison_is_rs_on_students_sleep_data():

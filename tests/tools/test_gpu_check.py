@@ -154,20 +154,41 @@ def test_the_commands_on_a_cpu_are_tiny(tmp_path):
     widths = {'block1': 8, 'block2': 16, 'block3': 16}
     for name, command in made.items():
         flags = after_separator(command)
-        assert values(flags, '--device') == ['cpu'] and values(flags, '--precision') == ['fp32']
-        assert values(flags, '--epochs') == ['1']
-        hyp = dict(value.split('=', 1) for value in values(flags, '--hyp'))
-        assert hyp.pop('opt.batch_size') == '32' and eval(hyp.pop('net.widths')) == widths
-        assert hyp == ({'proxy.widths': str(widths)} if name == 'airbench96_faster' else {})
-        if name in gpu_check.STUDIES:  # an image folder is study.py's --dataset folder
+        assert values(flags, '--device') == ['cpu'] and values(flags, '--epochs') == ['1']
+        assert '--precision' not in flags  # the scripts' choice for the CPU, in every item
+        if name in gpu_check.STUDIES:  # study.py's --hyp; an image folder is its --dataset folder
+            hyp = {key: eval(value) for key, value in (setting.split('=', 1)
+                                                       for setting in values(flags, '--hyp'))}
             assert values(flags, '--dataset') == ['folder']
+        else:  # a script's main() with its hyp edited: the settings, then the script's flags
+            assert command[1:3] == ['-c', gpu_check.MAIN_WITH_HYP] and '--hyp' not in command
+            assert command[3] == os.path.join(REPO, f'{name}.py')
+            hyp = json.loads(command[4])
+        assert hyp.pop('opt.batch_size') == 32 and hyp.pop('net.widths') == widths
+        assert hyp == ({'proxy.widths': widths} if name == 'airbench96_faster' else {})
     assert '--nproc_per_node=2' in made['study-torchrun']
 
 
+def test_a_tiny_items_runner_sets_hyp_before_the_scripts_main(tmp_path, monkeypatch):
+    """The runner of a tiny item, run here as `python -c` runs it: the script's main() sees the
+    settings in its hyp (8 training images make no batch of 32) and the item's flags."""
+    data_dir = write_image_folder(str(tmp_path / 'data'), num_classes=2, train_per_class=4,
+                                  test_per_class=1)
+    command = gpu_check.script_command('airbench94', 'cpu', data_dir, str(tmp_path), tiny=True)
+    assert command[1:3] == ['-c', gpu_check.MAIN_WITH_HYP]
+    monkeypatch.setattr(sys, 'argv', ['-c', *command[3:]])
+    with pytest.raises(SystemExit) as exit:
+        exec(command[2], {})
+    assert exit.value.code == ('error: 8 training images make no full batch of 32; lower '
+                               'opt.batch_size.')
+
+
 def test_tiny_on_cuda_keeps_the_cuda_recipe():
-    flags = gpu_check.training_flags('cuda:0', tiny=True, script='airbench94_muon')
+    flags = gpu_check.training_flags('cuda:0')
     assert values(flags, '--device') == ['cuda:0'] and values(flags, '--epochs') == ['4']
-    assert '--precision' not in flags and 'opt.batch_size=32' in values(flags, '--hyp')
+    assert '--precision' not in flags
+    assert gpu_check.tiny_hyp('cuda:0', tiny=True)['opt.batch_size'] == 32
+    assert gpu_check.tiny_hyp('cuda:0', tiny=False) == {}
 
 
 # The items
