@@ -307,7 +307,7 @@ def test_a_subset_trains_on_its_masked_images_and_validation_is_held_out(
     assert study_main(['airbench94', '--runs', '2', '--study-dir', str(study_dir), '--save-logits',
                        '--train-subset', '0.5', '--val-split', '64', '--',
                        *training(), '--data-dir', image_folder], script) == 0
-    data = script.load_dataset('folder', image_folder)
+    data = script.load_dataset(image_folder)
     images, labels = data['train']['images'], data['train']['labels']
     held_out = json.load(open(study_dir / 'validation.json'))['indices']
     assert len(set(held_out)) == 64 and max(held_out) < len(labels)
@@ -339,7 +339,7 @@ def test_saved_logits_reproduce_the_test_accuracy(study_main, image_folder, tmp_
                        '--save-logits', '--', *training(), '--data-dir', image_folder]) == 0
     record = records(study_dir)[('baseline', 0)]
     outputs = torch.load(study_dir / 'runs' / 'baseline' / '00000.pt')
-    test_labels = load_script('airbench94').load_dataset('folder', image_folder)['test']['labels']
+    test_labels = load_script('airbench94').load_dataset(image_folder)['test']['labels']
     accuracy = (outputs['logits'].argmax(1) == test_labels).float().mean().item()
     assert record['accuracy_on'] == 'test' and accuracy == record['test_acc']
     assert record['test_acc'] == record['accuracy']  # the same as train()'s, on the CPU

@@ -277,7 +277,7 @@ def test_outputs_travel_in_chunks_and_too_large_outputs_are_refused_before_train
     assert study_main(['airbench94', '--runs', '1', '--study-dir', str(study_dir),
                        '--save-logits', '--', *training(), '--data-dir', image_folder]) == 0
     outputs = torch.load(study_dir / 'runs' / 'baseline' / '00000.pt')
-    labels = load_script('airbench94').load_dataset('folder', image_folder)['test']['labels']
+    labels = load_script('airbench94').load_dataset(image_folder)['test']['labels']
     accuracy = (outputs['logits'].argmax(1) == labels).float().mean().item()
     assert accuracy == records(study_dir)[('baseline', 0)]['test_acc']
     monkeypatch.setattr(distribute, 'MAX_OUTPUT_BYTES', 1000)
