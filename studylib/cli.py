@@ -11,7 +11,7 @@ import sys
 import threading
 
 from . import report
-from .compiling import usable_cores
+from .compiling import default_compile_jobs
 from .config import Config, Request, ScriptFlags
 from .data import DATASETS
 from .distribute import StoreLost, World
@@ -71,10 +71,10 @@ def study_parser(description):
         'split) and evaluate on them; test accuracy is recorded too')
     add('--lost-after', type=float, default=300, metavar='SECONDS', help='give up a run whose '
         'process has sent no heartbeat for this long (a lost machine)')
-    add('--compile-jobs', type=int, default=usable_cores(), metavar='N', help='before the runs, '
-        'compile the configurations whose networks compile (a compiled script\'s) once per '
-        'machine, each in a process of its own, N at once (default: this machine\'s cores); 0: '
-        'each process compiles in its own warmups')
+    add('--compile-jobs', type=int, default=default_compile_jobs(), metavar='N', help='before the '
+        'runs, compile the configurations whose networks compile (a compiled script\'s) once per '
+        'machine, each in a process of its own, N at once (default: one per 4 cores); 0: each '
+        'process compiles in its own warmups')
     return parser
 
 

@@ -1,6 +1,6 @@
 """Compiling a launch's configurations once per machine, before its runs. Each configuration whose
 network compiles (a compiled script's, on this device) gets a process of its own, as many at once
-as --compile-jobs allows (default: the machine's cores), that runs the configuration's warmup into
+as --compile-jobs allows (default: one per CORES_PER_COMPILE of the machine's cores), that runs the configuration's warmup into
 the inductor cache the machine's processes share (compile_job, `python -m studylib.compiling`);
 then every process that trains the configuration warms up from that cache. Under torchrun each
 machine's first process (local rank 0) does this for the machine while the others wait, so the P
@@ -53,8 +53,20 @@ class CompileJob:
     std: tuple
 
 
+# A compile is dynamo's and inductor's Python on one core, then inductor's kernel builds on a
+# worker per core it is given. Two compiles at once on 2 cores (a worker each) reached a study's
+# first record later than compiling in the warmups, one after another (docs/cpu.md, "Compiling a
+# study's configurations"); how many at once suit a GPU machine's cores is for a GPU to measure.
+CORES_PER_COMPILE = 4
+
+
 def usable_cores():
     return len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()
+
+
+def default_compile_jobs():
+    """--compile-jobs' default: one compile at once per CORES_PER_COMPILE cores, at least one."""
+    return max(1, usable_cores() // CORES_PER_COMPILE)
 
 
 def compile_job(job):
@@ -121,12 +133,14 @@ class Compiler:
 
     def compile(self, configs):
         """Compile the configurations' graphs into the machine's cache before their warmups, where
-        separate processes save time (several configurations, or several processes on the
-        machine); this process's CompileRecords of that stage (the machine's first process's)."""
+        separate processes save time (several configurations compiled at once, or several
+        processes on the machine that would each compile them); this process's CompileRecords of
+        that stage (the machine's first process's)."""
         compiled = self.compiled_configs(configs)
         if compiled:
             enable_compile_caches()  # torch 2.4's default is off: the warmups load from it
-        if self.jobs_at_once == 0 or not compiled or (len(compiled) < 2 and self.local_size < 2):
+        at_once = min(self.jobs_at_once, len(compiled))
+        if at_once == 0 or (at_once < 2 and self.local_size < 2):  # its warmups do the same
             return []
         done_key = f'compiled/{self.runner.launch}/{self.world.node}'
         if self.world.local_rank != 0:

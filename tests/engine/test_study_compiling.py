@@ -119,8 +119,15 @@ def test_each_compiled_configuration_compiles_once_before_the_runs(
 TWO = ['--config', 'a', '--config', 'b', 'aug.flip=random']
 
 
+@pytest.mark.parametrize('cores, jobs', [(1, 1), (2, 1), (4, 1), (8, 2), (16, 4)])
+def test_compiles_at_once_by_default_one_per_four_cores(monkeypatch, cores, jobs):
+    monkeypatch.setattr(compiling, 'usable_cores', lambda: cores)
+    assert compiling.default_compile_jobs() == jobs
+
+
 @pytest.mark.parametrize('study_flags, configs, warmup', [
     (['--compile-jobs', '0'], TWO, True),  # turned off: each warmup compiles
+    (['--compile-jobs', '1'], TWO, True),  # one at a time in one process: as its warmups do
     ([], ['--config', 'a'], True),  # one configuration, one process: its warmup compiles it
     ([], TWO, False)])  # no warmup, nothing compiled before the runs
 def test_no_compiling_process_where_it_saves_nothing_or_is_turned_off(
@@ -139,7 +146,8 @@ def test_a_failed_compiling_process_is_said_and_the_warmups_compile(
         study_main, compiled_stand_in, compile_processes, image_folder, tmp_path, capsys):
     study_dir = tmp_path / 'study'
     assert study_main([compiled_stand_in, '--runs', '1', '--study-dir', str(study_dir),
-                       '--config', 'broken', '--config', 'fine', 'aug.flip=random', '--',
+                       '--config', 'broken', '--config', 'fine', 'aug.flip=random',
+                       '--compile-jobs', '2', '--',
                        *stand_in_flags(warmup=True), '--data-dir', image_folder]) == 0
     assert ('compiling broken before the runs failed after 0.2 s (RuntimeError: inductor '
             'failed); its warmups compile it') in capsys.readouterr().out
