@@ -2,9 +2,9 @@
 network compiles (a compiled script's, on this device) gets a process of its own, as many at once
 as --compile-jobs allows (default: one per CORES_PER_COMPILE of the machine's cores), that runs the configuration's warmup into
 the inductor cache the machine's processes share (compile_job, `python -m studylib.compiling`);
-then every process that trains the configuration warms up from that cache. Under torchrun each
-machine's first process (local rank 0) does this for the machine while the others wait, so the P
-processes of a machine compile each graph once, not P times.
+then every process that trains the configuration warms up from that cache. Under torchrun the P
+processes of a machine share its configurations (each compiles every P-th) and wait for each
+other, so they compile each graph once, not P times.
 
 Machines do not send each other what they compiled: each compiles once for itself (they may differ
 in GPU model, driver or torch, for which inductor's cache keys differ anyway); machines that share
@@ -135,48 +135,50 @@ class Compiler:
         """Compile the configurations' graphs into the machine's cache before their warmups, where
         separate processes save time (several configurations compiled at once, or several
         processes on the machine that would each compile them); this process's CompileRecords of
-        that stage (the machine's first process's)."""
+        that stage. The machine's P processes share the configurations: local rank r compiles the
+        r-th, the (r + P)-th, ..., then waits for the others' before its warmups load them all."""
         compiled = self.compiled_configs(configs)
         if compiled:
             enable_compile_caches()  # torch 2.4's default is off: the warmups load from it
         at_once = min(self.jobs_at_once, len(compiled))
         if at_once == 0 or (at_once < 2 and self.local_size < 2):  # its warmups do the same
             return []
-        done_key = f'compiled/{self.runner.launch}/{self.world.node}'
-        if self.world.local_rank != 0:
-            self.wait_for_machine(done_key)
-            return []
-        if self.world.store.check(done_key):  # a restarted first process: the machine has them
-            return []
-        records = self.compile_all(compiled)
+        share = compiled[self.world.local_rank::self.local_size]
+        done_key = self.done_key(self.world.local_rank)
+        records = []
+        if share and not self.world.store.check(done_key):  # restarted: it compiled them before
+            records = self.compile_all(share)
         self.world.store.set(done_key, '1')
+        for local_rank in range(min(self.local_size, len(compiled))):
+            self.wait_for(local_rank)
         return records
 
-    def wait_for_machine(self, done_key):
-        """Wait for the machine's first process to compile (its warmups then load); if it is lost,
-        go on: this process's warmups compile what they need."""
+    def done_key(self, local_rank):
+        return f'compiled/{self.runner.launch}/{self.world.node}/{local_rank}'
+
+    def wait_for(self, local_rank):
+        """Wait for the machine's process of local_rank to compile its share (the warmups then
+        load it); if that process is lost, go on: this process's warmups compile what they need."""
         first = self.world.rank - self.world.local_rank  # a machine's ranks are consecutive
+        rank = first + local_rank
         liveness = Liveness(self.world.store, self.runner.request.lost_after)
 
         def give_up():
-            member = f'member/{first}'
+            member = f'member/{rank}'
             if self.world.store.check(member) and liveness.lost(
                     self.world.store.get(member).decode()):
                 raise TimeoutError
         try:
-            self.world.store.wait_for(done_key, give_up, poll_seconds=0.5)
+            self.world.store.wait_for(self.done_key(local_rank), give_up, poll_seconds=0.5)
         except TimeoutError:
-            print(f'rank {self.world.rank}: the first process of {socket.gethostname()} was lost '
-                  'while compiling; this process compiles in its warmups', flush=True)
+            print(f'rank {self.world.rank}: rank {rank} of {socket.gethostname()} was lost while '
+                  'compiling; this process compiles its configurations in its warmups', flush=True)
 
-    def job(self, config, index):
+    def job(self, config):
         runner = self.runner
-        device = runner.device
-        if device.type == 'cuda' and runner.flags.device in ('auto', 'cuda'):
-            device = torch.device('cuda', index % self.local_size)  # the machine's GPUs in turn
         return CompileJob(
             config=config, script=runner.script(config).path, hyp=runner.configs[config].hyp,
-            device=str(device), precision=runner.precision,
+            device=str(runner.device), precision=runner.precision,
             deterministic=runner.flags.deterministic, num_classes=len(runner.data['classes']),
             num_eval=len(runner.eval_split['labels']),
             num_test=len(runner.test_split['labels']) if runner.evaluates_test_set() else 0,
@@ -184,10 +186,11 @@ class Compiler:
             mean=tuple(runner.data['mean']), std=tuple(runner.data['std']))
 
     def compile_all(self, configs):
-        """Each configuration in a process of its own, jobs_at_once at a time; a line each."""
-        at_once = min(self.jobs_at_once, len(configs))
-        compile_threads = max(1, usable_cores() // at_once)
-        jobs = [self.job(config, index) for index, config in enumerate(configs)]
+        """Each configuration in a process of its own, this process's part of --compile-jobs at a
+        time (the machine's processes share it, and its cores); a line each."""
+        at_once = min(max(1, self.jobs_at_once // self.local_size), len(configs))
+        compile_threads = max(1, usable_cores() // (at_once * self.local_size))
+        jobs = [self.job(config) for config in configs]
         print(f'compiling {len(configs)} configuration{"s" if len(configs) > 1 else ""} on '
               f'{socket.gethostname()} before the runs, {at_once} at once: '
               f'{", ".join(configs)}', flush=True)

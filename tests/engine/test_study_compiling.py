@@ -170,21 +170,50 @@ def machine(rank, local_rank, store, monkeypatch):
     return world, runner
 
 
-def test_the_machines_other_processes_wait_for_its_first_or_go_on_if_it_is_lost(monkeypatch,
+def test_the_machines_processes_wait_for_each_others_share_or_go_on_if_one_is_lost(monkeypatch,
                                                                                    capsys):
     store = ResilientStore(connect=dist.HashStore)
     first, _ = machine(0, 0, store, monkeypatch)
     other, runner = machine(1, 1, store, monkeypatch)
     compiler = compiling.Compiler(runner, other, jobs_at_once=2)
-    threading.Timer(0.5, lambda: store.set('compiled/L/0', '1')).start()
+    threading.Timer(0.5, lambda: store.set(compiler.done_key(0), '1')).start()
     start = time.perf_counter()
-    compiler.wait_for_machine('compiled/L/0')
+    compiler.wait_for(0)
     assert 0.5 <= time.perf_counter() - start < 5  # it waited for the first, then went on
     assert capsys.readouterr().out == ''
+    store.delete(compiler.done_key(0))
     start = time.perf_counter()  # the first process's heartbeat never moves: lost after 1 s
-    compiler.wait_for_machine('compiled/L/1')
+    compiler.wait_for(0)
     assert 1.0 <= time.perf_counter() - start < 10
-    assert 'the first process of' in capsys.readouterr().out
+    assert 'rank 0 of' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize('local_rank, share', [(0, ['a', 'c']), (1, ['b'])])
+def test_the_machines_processes_share_its_configurations(monkeypatch, local_rank, share):
+    """Each compiles every P-th configuration, its part of --compile-jobs at once and its part of
+    the cores; then it waits for every process that has a share, and for no other."""
+    store = ResilientStore(connect=dist.HashStore)
+    world, runner = machine(local_rank, local_rank, store, monkeypatch)
+    compiler = compiling.Compiler(runner, world, jobs_at_once=2)
+    monkeypatch.setattr(compiler, 'compiled_configs', lambda configs: configs)
+    monkeypatch.setattr(compiling, 'enable_compile_caches', lambda: None)
+    monkeypatch.setattr(compiling, 'usable_cores', lambda: 8)
+    jobs, waited = [], []
+    runner.device = torch.device('cpu')
+    runner.device_model = 'a CPU'
+    monkeypatch.setattr(compiler, 'job', lambda config: types.SimpleNamespace(config=config))
+    monkeypatch.setattr(compiling, 'run_compile_process',
+                        lambda job, threads: jobs.append((job.config, threads)) or (0.1, {}))
+    monkeypatch.setattr(compiler, 'wait_for', waited.append)
+    records = compiler.compile(['a', 'b', 'c'])
+    assert sorted(jobs) == [(config, 4) for config in share]  # 1 at once, 8 cores / 2 processes
+    assert [record.config for record in records] == share
+    assert store.check(compiler.done_key(local_rank)) and waited == [0, 1]
+    jobs.clear()
+    waited.clear()
+    runner.launch = 'L2'  # another launch, of one configuration
+    one = compiler.compile(['a'])  # the second process has no share: it waits for the first's
+    assert (len(one), len(jobs), waited) == ((1, 1, [0]) if local_rank == 0 else (0, 0, [0]))
 
 
 def test_a_compiling_process_warms_the_configuration_up_and_says_what_it_cost(
@@ -230,8 +259,8 @@ def test_what_compiling_cost_is_summed_per_configuration_and_stage():
 def test_under_torchrun_each_graph_compiles_once_on_the_machine(image_folder, tmp_path,
                                                                  monkeypatch):
     """Two processes on one machine, two configurations of airbench94_compiled (inductor compiles
-    it on a CPU), an empty inductor cache: the first process compiles both before the runs, in
-    processes of their own, both at once; every warmup of both processes then loads every graph
+    it on a CPU), an empty inductor cache: each process compiles one before the runs, in a
+    process of its own; every warmup of both processes then loads every graph
     from the cache (inductor's own counters), and no run compiles."""
     study_dir = tmp_path / 'study'
     monkeypatch.setitem(test_study.ENV, 'TORCHINDUCTOR_CACHE_DIR', str(tmp_path / 'inductor'))
@@ -245,7 +274,7 @@ def test_under_torchrun_each_graph_compiles_once_on_the_machine(image_folder, tm
     assert result.returncode == 0, result.stderr[-3000:]
     found = compile_records(study_dir)
     before = {r.config: r for r in found if r.stage == compiling.STAGE}
-    assert sorted(before) == ['w16', 'w8'] and {r.rank for r in before.values()} == {0}
+    assert {config: r.rank for config, r in before.items()} == {'w8': 0, 'w16': 1}
     assert all(r.compiled > 0 and r.came_from() == 'compiled' for r in before.values())
     warmups = [r for r in found if r.stage == 'warmup']
     assert sorted((r.config, r.rank) for r in warmups) == [
