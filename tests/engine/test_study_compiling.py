@@ -274,7 +274,7 @@ def test_under_torchrun_each_graph_compiles_once_on_the_machine(image_folder, tm
     assert result.returncode == 0, result.stderr[-3000:]
     found = compile_records(study_dir)
     before = {r.config: r for r in found if r.stage == compiling.STAGE}
-    assert {config: r.rank for config, r in before.items()} == {'w8': 0, 'w16': 1}
+    assert sorted(before) == ['w16', 'w8'] and sorted(r.rank for r in before.values()) == [0, 1]
     assert all(r.compiled > 0 and r.came_from() == 'compiled' for r in before.values())
     warmups = [r for r in found if r.stage == 'warmup']
     assert sorted((r.config, r.rank) for r in warmups) == [
