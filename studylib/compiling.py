@@ -140,8 +140,10 @@ class Compiler:
         compiled = self.compiled_configs(configs)
         if compiled:
             enable_compile_caches()  # torch 2.4's default is off: the warmups load from it
-        at_once = min(self.jobs_at_once, len(compiled))
-        if at_once == 0 or (at_once < 2 and self.local_size < 2):  # its warmups do the same
+        # Fewer than 2 compiles at once, in processes to start, came later than the warmups'
+        # compiles on 2 cores, under torchrun too (docs/cpu.md, "Compiling a study's
+        # configurations"); one configuration in one process gains nothing from a process
+        if self.jobs_at_once < 2 or not compiled or (len(compiled) < 2 and self.local_size < 2):
             return []
         share = compiled[self.world.local_rank::self.local_size]
         done_key = self.done_key(self.world.local_rank)
