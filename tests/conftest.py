@@ -301,25 +301,15 @@ def warm_up_as_on_cuda(monkeypatch, script, graphs):
     return warmed
 
 
-# A script's main() in a process of its own, with hyp entries set first (sys.argv[2], JSON)
-MAIN_WITH_HYP = """import importlib.util, json, sys
-spec = importlib.util.spec_from_file_location('airbench_script', sys.argv[1])
-script = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(script)
-for key, value in json.loads(sys.argv[2]).items():
-    group, name = key.split('.')
-    script.hyp[group][name] = value
-sys.exit(script.main(sys.argv[3:]))
-"""
-
-
 def script_command(name, *args, hyp=None):
     """The command line of a script run as a user runs it; with hyp ({'GROUP.NAME': value}), as a
     user who edited those entries of hyp runs it."""
     path = os.path.join(REPO, f'{name}.py')
     if not hyp:
         return [sys.executable, path, *args]
-    return [sys.executable, '-c', MAIN_WITH_HYP, path, json.dumps(hyp), *args]
+    # tools/gpu_check.py's program: the script's main() with hyp entries set first
+    main_with_hyp = load_tool('gpu_check').MAIN_WITH_HYP
+    return [sys.executable, '-c', main_with_hyp, path, json.dumps(hyp), *args]
 
 
 def run_script(name, *args, hyp=None, timeout=600):

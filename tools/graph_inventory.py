@@ -31,7 +31,6 @@ e.g.   python tools/graph_inventory.py airbench94_compiled --inductor --precisio
 """
 import argparse
 import collections
-import importlib.util
 import json
 import os
 import subprocess
@@ -44,17 +43,11 @@ import torch
 TOOLS = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(TOOLS)
 sys.path.insert(0, TOOLS)
+from flops import load_script  # noqa: E402  (tools/flops.py)
 from profile_run import launches_no_kernel  # noqa: E402  (tools/profile_run.py)
 
 CIFAR_TRAIN = 50000
 KINDS = {'augmented_images': 'augmentation', 'muon_update': "Muon's step"}
-
-
-def load_script(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, f'{name}.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def working_operators(graph_module):

@@ -216,6 +216,22 @@ def test_the_machines_processes_share_its_configurations(monkeypatch, local_rank
     assert (len(one), len(jobs), waited) == ((1, 1, [0]) if local_rank == 0 else (0, 0, [0]))
 
 
+def test_below_two_compiles_at_once_the_machines_processes_compile_in_their_warmups(
+        monkeypatch):
+    """Under torchrun too: one compile at a time, in processes to start, came later than each
+    process's warmups on 2 cores (docs/cpu.md)."""
+    store = ResilientStore(connect=dist.HashStore)
+    world, runner = machine(0, 0, store, monkeypatch)
+    compiler = compiling.Compiler(runner, world, jobs_at_once=1)
+    monkeypatch.setattr(compiler, 'compiled_configs', lambda configs: configs)
+    monkeypatch.setattr(compiling, 'enable_compile_caches', lambda: None)
+    started = []
+    monkeypatch.setattr(compiler, 'compile_all', started.append)
+    monkeypatch.setattr(compiler, 'wait_for', started.append)
+    assert compiler.compile(['a', 'b', 'c']) == [] and started == []
+    assert not store.check(compiler.done_key(0))
+
+
 def test_a_compiling_process_warms_the_configuration_up_and_says_what_it_cost(
         monkeypatch, capsys, compiled_stand_in):
     """studylib.compiling's entry point, in this process: the job pickled on stdin (its hyp's
