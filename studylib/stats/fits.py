@@ -39,7 +39,7 @@ the epochs), so the cells' variances are pooled:
 
 The interval the module gave before drew each cell alone from its own Student t of n - 1 degrees
 of freedom: at n = 3 it covered 99% and was 1.45 to 1.85 times as wide as needed. Coverage and
-width measured by simulation: tools/interval_coverage.py, docs/studies.md.
+width measured by simulation: docs/studies.md; tests/stats/test_fits.py holds them.
 
 A curve of 4 or more epoch counts gets a lack-of-fit F test (lack_of_fit): the means' misfit
 against the runs' own spread; a fit rejected at 5% marks every interval derived from it
@@ -105,7 +105,8 @@ def fit_power_law(epochs, errors):
 def _fit(x, y):
     """fit_power_law's least squares, remembered: a report fits the same baseline for every
     configuration and epoch count it compares with it."""
-    x, y = np.array(x), np.array(y)
+    x = np.array(x)
+    y = np.array(y)
     reference = math.exp(np.mean(np.log(x)))
     scaled = x / reference
 
@@ -176,7 +177,8 @@ def fit_power_laws(epochs, errors):
     log_scaled = np.log(x / math.exp(np.mean(np.log(x))))
     grid = np.concatenate([-np.geomspace(-STEEPEST_DECAY, 1e-4, 120), [0.0]])
     best = _least_squares(np.exp(grid[:, None] * log_scaled[None, :]), y)[0].argmin(axis=1)
-    low, high = grid[np.maximum(best - 1, 0)], grid[np.minimum(best + 1, grid.size - 1)]
+    low = grid[np.maximum(best - 1, 0)]
+    high = grid[np.minimum(best + 1, grid.size - 1)]
     a = _golden_section(lambda a: _least_squares(np.exp(a[:, None] * log_scaled), y,
                                                  per_row=True)[0], low, high)
     _, scale, c = _least_squares(np.exp(a[:, None] * log_scaled), y, per_row=True)
@@ -190,18 +192,23 @@ def _least_squares(power, y, per_row=False):
     """The least squares of c + b * power against y with b >= 0 and 0 <= c <= max(row of y):
     (sum of squared residuals, b, c). power: exponents x points, every row of y against every
     exponent (rows x exponents out), or, per_row, one exponent per row of y (rows out)."""
-    n, top = y.shape[1], y.max(axis=1, keepdims=not per_row)
-    sy, syy = y.sum(1, keepdims=not per_row), (y * y).sum(1, keepdims=not per_row)
-    sp, spp = power.sum(1), (power * power).sum(1)
+    n = y.shape[1]
+    top = y.max(axis=1, keepdims=not per_row)
+    sy = y.sum(1, keepdims=not per_row)
+    syy = (y * y).sum(1, keepdims=not per_row)
+    sp = power.sum(1)
+    spp = (power * power).sum(1)
     spy = (power * y).sum(1) if per_row else y @ power.T
     with np.errstate(divide='ignore', invalid='ignore'):
         b = (n * spy - sp * sy) / (n * spp - sp * sp)
         c = (sy - b * sp) / n
-    below, above = ~(c >= 0), c > top  # c outside its bounds: at the bound, b refitted
+    below = ~(c >= 0)  # c outside its bounds: at the bound, b refitted
+    above = c > top
     b = np.where(below, spy / spp, np.where(above, (spy - top * sp) / spp, b))
     c = np.where(below, 0.0, np.where(above, top, c))
     flat = ~(b >= 0)  # no decrease: the best law is the constant
-    b, c = np.where(flat, 0.0, b), np.where(flat, np.clip(sy / n, 0, top), c)
+    b = np.where(flat, 0.0, b)
+    c = np.where(flat, np.clip(sy / n, 0, top), c)
     if per_row:  # the residuals themselves: the golden section needs the sum's last digits
         residuals = c[:, None] + b[:, None] * power - y
         return (residuals * residuals).sum(1), b, c
@@ -212,9 +219,11 @@ def _golden_section(function, low, high, iterations=40):
     """The minimum of a unimodal function on [low, high], elementwise (arrays of intervals)."""
     ratio = (math.sqrt(5) - 1) / 2
     for _ in range(iterations):
-        left, right = high - ratio * (high - low), low + ratio * (high - low)
+        left = high - ratio * (high - low)
+        right = low + ratio * (high - low)
         keep_left = function(left) < function(right)
-        low, high = np.where(keep_left, low, left), np.where(keep_left, right, high)
+        low = np.where(keep_left, low, left)
+        high = np.where(keep_left, right, high)
     return (low + high) / 2
 
 
@@ -435,7 +444,8 @@ def _monte_carlo_interval(cells, statistic, point_estimate, confidence, draws, s
                        'other cells alone' if flat < len(cells) else
                        'no cell has any spread: the interval has no width to give')
     values = statistic(_mean_draws(cells, paired, draws, np.random.default_rng(seed), statistic))
-    failed, unreachable = int(np.isnan(values).sum()), int(np.isposinf(values).sum())
+    failed = int(np.isnan(values).sum())
+    unreachable = int(np.isposinf(values).sum())
     result.update(failed_draws=failed, unreachable_draws=unreachable)
     tail = (1 - confidence) / 2
     if failed > tail * draws:
@@ -491,7 +501,8 @@ def _with_curve_checks(result, epochs, cells, epochs_found, what, paired):
     reasons = [result['reason']] if result['reason'] else []
     if result['estimate'] is None and not result['reliable'] and result['ci_low'] is None:
         return result
-    first, last = cells[0], cells[-1]
+    first = cells[0]
+    last = cells[-1]
     if first.size > 1 and last.size > 1:
         if np.ptp(first) > 0 or np.ptp(last) > 0:
             with constant_samples_allowed():

@@ -8,7 +8,7 @@ Every function takes sequences of numbers (lists, numpy arrays, pandas columns) 
 that JSON holds: None where a number is undefined, with `reason` saying why. Intervals and tests
 are scipy.stats' Student-t ones; they assume per-run values spread about normally, which
 accuracies of these trainings do (their coverage with and without a tail of bad runs:
-tools/interval_coverage.py, in docs/studies.md).
+docs/studies.md; tests/stats/test_inference.py holds it on normal runs).
 """
 import contextlib
 import math
@@ -113,7 +113,8 @@ def compare(a, b, paired=False, confidence=0.95):
     correlation (Pearson's, within pairs; paired only) and reason where undefined.
     """
     _check_confidence(confidence)
-    a, b = _sample(a, 'a'), _sample(b, 'b')
+    a = _sample(a, 'a')
+    b = _sample(b, 'b')
     if paired and a.size != b.size:
         raise ValueError(f'paired samples pair run i of a with run i of b: a has {a.size} runs, '
                          f'b {b.size}; give the runs both have, or paired=False')
@@ -146,7 +147,9 @@ def holm(p_values):
     adjusted values are made non-decreasing. An undefined test (None or NaN) is no member of the
     family: it is not counted in m and stays as it was (None or NaN)."""
     indexed = sorted((p, i) for i, p in enumerate(p_values) if _defined(p))
-    adjusted, running, m = list(p_values), 0.0, len(indexed)
+    adjusted = list(p_values)
+    running = 0.0
+    m = len(indexed)
     for rank, (p, i) in enumerate(indexed):
         running = max(running, min(1.0, (m - rank) * p))
         adjusted[i] = running
@@ -177,13 +180,16 @@ def equivalence_test(a, b, margin, paired=False, ratio=False, alpha=0.05):
     """
     if not 0 < alpha < 0.5:
         raise ValueError(f'alpha is a fraction in (0, 0.5), not {alpha}')
-    a, b = _sample(a, 'a'), _sample(b, 'b')
+    a = _sample(a, 'a')
+    b = _sample(b, 'b')
     if ratio:
         if not margin > 1:
             raise ValueError(f'a ratio margin is above 1 (1.05: within 5%), not {margin}')
         if (a <= 0).any() or (b <= 0).any():
             raise ValueError('ratio=True compares positive values (seconds)')
-        a, b, shift = np.log(a), np.log(b), math.log(margin)
+        a = np.log(a)
+        b = np.log(b)
+        shift = math.log(margin)
     else:
         if not margin > 0:
             raise ValueError(f'margin is a positive difference in the values\' units, not '
@@ -227,7 +233,8 @@ def time_ratio(times_a, times_b, confidence=0.95):
     (b over a; 0.8 = 20% faster), with the interval of Welch's t on log seconds. Times of one
     device model only: ratios across models mean nothing."""
     _check_confidence(confidence)
-    a, b = _sample(times_a, 'times_a'), _sample(times_b, 'times_b')
+    a = _sample(times_a, 'times_a')
+    b = _sample(times_b, 'times_b')
     if (a <= 0).any() or (b <= 0).any():
         raise ValueError('times are positive seconds')
     entry = dict(ratio=float(np.exp(np.log(b).mean() - np.log(a).mean())) if a.size and b.size
@@ -248,9 +255,11 @@ def statistical_power(runs, std, difference, alpha=0.05, paired=False, correlati
     `std` (the noncentral t distribution; pooled-variance t for two groups, the t-test of the
     differences for pairs whose values correlate by `correlation`)."""
     if paired:
-        spread, freedom = std * math.sqrt(2 * (1 - correlation)) / math.sqrt(runs), runs - 1
+        spread = std * math.sqrt(2 * (1 - correlation)) / math.sqrt(runs)
+        freedom = runs - 1
     else:
-        spread, freedom = std * math.sqrt(2 / runs), 2 * runs - 2
+        spread = std * math.sqrt(2 / runs)
+        freedom = 2 * runs - 2
     critical = stats.t.ppf(1 - alpha / 2, freedom)
     shift = abs(difference) / spread
     # The lower tail P(T < -critical) as the upper tail of -shift: scipy's nct.cdf gives NaN there
@@ -274,9 +283,11 @@ def runs_needed(std, difference, power=0.8, alpha=0.05, paired=False, correlatio
     if not 0 < power < 1 or not 0 < alpha < 1 or not -1 < correlation < 1:
         raise ValueError('power and alpha are fractions in (0, 1), correlation in (-1, 1)')
     achieved = statistical_power
-    low, high = 2, 4
+    low = 2
+    high = 4
     while achieved(high, std, difference, alpha, paired, correlation) < power:
-        low, high = high, 2 * high
+        low = high  # the doubling's last miss: the answer lies above it
+        high *= 2
         if high > 1 << 40:
             raise ValueError('more runs than can be trained: the difference is too small')
     while low < high:  # the smallest n in [low, high] that reaches the power

@@ -54,7 +54,8 @@ def distribution_wise_variance(correct):
 def _distribution_wise_variance(accuracies, correct_counts):
     """Theorem 2's estimate from each run's accuracy and each example's count of runs correct:
     (the test-set variance, the sampling term n/(n-1) * (1/n^2) sum_i Var_h(C_i))."""
-    runs, examples = len(accuracies), len(correct_counts)
+    runs = len(accuracies)
+    examples = len(correct_counts)
     rates = np.asarray(correct_counts, dtype=float) / runs
     sampling = (rates * (1 - rates)).sum() * runs / (runs - 1) / examples ** 2
     return examples / (examples - 1) * (np.var(accuracies, ddof=1) - sampling)
@@ -163,13 +164,19 @@ def equal_mass_bins(pairs_per_level, bins):
     if not bins >= 1:
         raise ValueError(f'bins must be a positive number of bins or None, got {bins}')
     bin_of_level = np.zeros(pairs_per_level.size, dtype=np.int64)
-    left, bins_left, current, held = pairs_per_level.sum(), bins, 0, 0
+    left = pairs_per_level.sum()
+    bins_left = bins
+    current = 0
+    held = 0
     share = left / bins_left
     for level in np.flatnonzero(pairs_per_level):
         bin_of_level[level] = current
         held += pairs_per_level[level]
         if held >= share and bins_left > 1:
-            left, bins_left, current, held = left - held, bins_left - 1, current + 1, 0
+            left -= held  # before held is emptied: the next bin's share is of what is left
+            bins_left -= 1
+            current += 1
+            held = 0
             share = left / bins_left
     return bin_of_level
 
@@ -215,9 +222,9 @@ def sample_variance_interval(values, confidence):
     """The chi-square interval of the variance, (low, high): exact for normally spread values
     (n - 1 degrees of freedom), and only for them. A heavier tail makes the variance of the
     sample variance larger than the interval assumes: with one run in 20 lower by a further 0.5
-    points (docs/studies.md) it covered 92% at n = 3 and 85% at n = 25
-    (tools/interval_coverage.py)."""
-    n, variance = len(values), float(np.var(values, ddof=1))
+    points it covered 92% at n = 3 and 85% at n = 25 (simulated: docs/studies.md)."""
+    n = len(values)
+    variance = float(np.var(values, ddof=1))
     tail = (1 - confidence) / 2
     return ((n - 1) * variance / stats.chi2.ppf(1 - tail, n - 1),
             (n - 1) * variance / stats.chi2.ppf(tail, n - 1))
@@ -264,7 +271,8 @@ class EnsembleTally:
         [0, high]."""
         if self.runs < 2:
             raise ValueError(f'variance between runs needs at least 2 runs, got {self.runs}')
-        accuracies, examples = np.array(self.accuracies), self.labels.size
+        accuracies = np.array(self.accuracies)
+        examples = self.labels.size
         low, high = sample_variance_interval(accuracies, confidence)
         estimate = float(_distribution_wise_variance(accuracies, self.correct_counts()))
         sampling = float(np.var(accuracies, ddof=1)) * examples / (examples - 1) - estimate
@@ -296,7 +304,8 @@ class EnsembleTally:
         examples; with one run, reason in place of the estimate."""
         if self.runs < 1:
             raise ValueError('a calibration error needs at least 1 run')
-        votes, examples = self.ensemble_votes(), self.labels.size
+        votes = self.ensemble_votes()
+        examples = self.labels.size
         plug_in = float(np.abs(deviations(votes, votes / self.runs, self.labels, equal_mass_bins(
             level_counts(votes, self.runs), bins)).sum(axis=0)).sum() / examples)
         if self.runs < 2:
@@ -331,13 +340,13 @@ def split_half_calibration_error(halves, labels, bins=CALIBRATION_BINS, confiden
     (equal_mass_bins) of BINNING_RUNS runs' vote shares: a half of more runs is thinned to that
     many (each example's votes drawn without replacement, multivariate hypergeometric), as the
     bins of more runs are narrower and pool less, which changes the figure. So the estimate's
-    expectation is the same at any number of runs from 2 * BINNING_RUNS (tools/interval_coverage.py
-    --calibration measures it, docs/studies.md gives the figures). It keeps the floor a finite test
-    set gives (labels drawn by chance).
+    expectation is the same at any number of runs from 2 * BINNING_RUNS (simulated: docs/studies.md;
+    tests/stats/test_variance.py holds it). It keeps the floor a finite test set gives (labels
+    drawn by chance).
 
     The interval: the estimate +- z * the standard deviation of the estimate over RESAMPLES
-    bootstrap resamples of the test examples, the bins held (coverage of the estimator's mean
-    measured in tools/interval_coverage.py --calibration).
+    bootstrap resamples of the test examples, the bins held (its coverage of the estimator's mean:
+    docs/studies.md).
 
     Returns (entry, binned): entry holds estimate, ci_low, ci_high, confidence, interval (its
     method), bins (those used by the first half: each one's confidence range and share of the
@@ -376,10 +385,12 @@ def thin_votes(votes, runs, keep, rng):
     if runs <= keep:
         return votes, runs
     thinned = np.zeros_like(votes)
-    left, wanted = np.full(votes.shape[0], runs), np.full(votes.shape[0], keep)
+    left = np.full(votes.shape[0], runs)
+    wanted = np.full(votes.shape[0], keep)
     for k in range(votes.shape[1] - 1):
         thinned[:, k] = rng.hypergeometric(votes[:, k], left - votes[:, k], wanted)
-        left, wanted = left - votes[:, k], wanted - thinned[:, k]
+        left = left - votes[:, k]
+        wanted = wanted - thinned[:, k]
     thinned[:, -1] = wanted
     return thinned, keep
 

@@ -4,20 +4,15 @@ ensembles, its split-half estimate and its interval, and the streaming tally equ
 functions. On numbers or seeded synthetic data: no training."""
 import math
 import statistics
-import sys
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import REPO, load_tool
-
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
-
-import study  # noqa: E402
-from studylib.stats import variance  # noqa: E402
-from studylib.stats.variance import (class_aggregated_calibration_error, distribution_wise_std,  # noqa: E402
+import study
+from simulated import simulated_halves
+from studylib.stats import variance
+from studylib.stats.variance import (class_aggregated_calibration_error, distribution_wise_std,
                                      distribution_wise_variance)
 
 def test_test_set_std_is_the_sample_std():
@@ -41,7 +36,8 @@ def test_independent_errors_have_no_distribution_wise_variance():
     Var(test accuracy) * sqrt(2 / (R - 1)) (that of a sample variance of R runs): allow 4 of them,
     while the test-set variance itself is 14 standard errors away from 0."""
     rng = np.random.default_rng(6)
-    runs, examples = 400, 2000
+    runs = 400
+    examples = 2000
     correct = rng.random((runs, examples)) < rng.uniform(0.5, 1.0, examples)
     test_variance = variance.test_set_std(correct.mean(axis=1)) ** 2
     assert abs(distribution_wise_variance(correct)) < 4 * test_variance * math.sqrt(2 / (runs - 1))
@@ -55,7 +51,8 @@ def test_shared_shift_between_runs_is_recovered():
     2 * sqrt(Var(d) * v / R) from its covariance with d; allow 4 of that. Here v = Var(d), so the
     test-set variance is about twice the shift's."""
     rng = np.random.default_rng(7)
-    runs, examples = 10000, 1000
+    runs = 10000
+    examples = 1000
     rates = rng.uniform(0.6, 0.9, examples)
     shifts = rng.normal(0, math.sqrt(np.mean(rates * (1 - rates)) / examples), runs)
     correct = rng.random((runs, examples)) < rates + shifts[:, None]
@@ -122,7 +119,9 @@ def test_cace_of_a_sampled_calibrated_ensemble_is_within_its_noise():
     allow 4 standard deviations per level. Labelling every example with its majority class
     instead (an under-confident ensemble) is far outside that."""
     rng = np.random.default_rng(9)
-    runs, examples, classes = 8, 5000, 10
+    runs = 8
+    examples = 5000
+    classes = 10
     probabilities = rng.dirichlet(np.full(classes, 0.3), examples)
     cumulative = probabilities.cumsum(axis=1)
     draws = rng.random((runs, examples, 1))
@@ -137,22 +136,6 @@ def test_cace_of_a_sampled_calibrated_ensemble_is_within_its_noise():
     assert class_aggregated_calibration_error(predictions, majority, bins=None) > 10 * noise
 
 
-def simulated_ensemble(runs, examples=10000, classes=10, temperature=1.0, seed=0):
-    """Runs that each predict example i's class from its probabilities pi_i (Dirichlet), and labels
-    drawn from pi_i ** temperature (normalized): temperature 1 is calibrated as runs grow, 0.6
-    makes the labels less certain than the votes (an over-confident ensemble)."""
-    rng = np.random.default_rng(seed)
-    probabilities = rng.dirichlet(np.full(classes, 0.15), examples)
-    cumulative = probabilities.cumsum(axis=1)
-    predictions = np.minimum((rng.random((runs, examples, 1)) > cumulative[None]).sum(axis=2),
-                             classes - 1)
-    tempered = probabilities ** temperature
-    tempered /= tempered.sum(axis=1, keepdims=True)
-    labels = np.minimum((rng.random((examples, 1)) > tempered.cumsum(axis=1)).sum(axis=1),
-                        classes - 1)
-    return predictions, labels
-
-
 def test_calibration_bins_are_what_they_say():
     """A zero-vote level holding 80% of the pairs and ten levels of 2% each, in 5 bins: the zero
     level is a bin alone and the ten share the other 4 (6, 6, 4, 4%); the former rule (level v to
@@ -163,8 +146,7 @@ def test_calibration_bins_are_what_they_say():
     used = variance.bins_used(pairs, binning, 10)
     assert [b['share'] for b in used] == pytest.approx([0.8, 0.06, 0.06, 0.04, 0.04])
     assert (used[1]['low'], used[1]['high']) == (0.1, 0.3)
-    coverage = load_tool('interval_coverage')
-    halves, labels = coverage.simulated_halves(100, 1.0, np.random.default_rng(14))
+    halves, labels = simulated_halves(100, 1.0, np.random.default_rng(14))
     entry = variance.split_half_calibration_error(halves, labels)[0]
     assert entry['bins_used'] == [15, 15] and len(entry['bins']) == 15
     assert sum(b['share'] for b in entry['bins']) == pytest.approx(1.0)
@@ -179,13 +161,13 @@ def test_calibration_error_means_the_same_at_100_and_1000_runs():
     plug-in estimate of the same runs falls from 0.031 to 0.018 (the plug-in's bias). An
     over-confident ensemble (labels from pi^0.6) reads about 0.30 at both sizes, far above the
     level of a calibrated one."""
-    coverage = load_tool('interval_coverage')
     found = {}
     for runs in (100, 1000):
         rng = np.random.default_rng(runs)
-        entries, plug_ins = [], []
+        entries = []
+        plug_ins = []
         for _ in range(40):
-            halves, labels = coverage.simulated_halves(runs, 1.0, rng)
+            halves, labels = simulated_halves(runs, 1.0, rng)
             entries.append(variance.split_half_calibration_error(halves, labels, rng=rng)[0])
             votes = halves[0][0] + halves[1][0]
             binning = variance.equal_mass_bins(variance.level_counts(votes, runs), 15)
@@ -200,7 +182,7 @@ def test_calibration_error_means_the_same_at_100_and_1000_runs():
         assert sum(e['ci_low'] <= mean <= e['ci_high'] for e in found[runs][0]) >= 34
     assert found[100][2] > 0.027 and found[1000][2] < 0.021
     for runs in (100, 1000):
-        halves, labels = coverage.simulated_halves(runs, 0.6, np.random.default_rng(runs))
+        halves, labels = simulated_halves(runs, 0.6, np.random.default_rng(runs))
         tally = study.EnsembleTally(labels, 10)
         tally.votes[:] = [votes for votes, _ in halves]
         tally.accuracies = [0.0] * runs
@@ -210,7 +192,9 @@ def test_calibration_error_means_the_same_at_100_and_1000_runs():
 
 
 def test_calibration_error_below_100_runs_says_it_does_not_compare():
-    predictions, labels = simulated_ensemble(20, examples=2000, seed=15)
+    rng = np.random.default_rng(15)
+    labels = rng.integers(0, 10, 2000)
+    predictions = np.where(rng.random((20, 2000)) < 0.8, labels, rng.integers(0, 10, (20, 2000)))
     result = study.calibration_error(predictions, labels)
     assert result['comparable'] is False and 'not 50' in result['note']
     assert result['binning_runs'] == 10
