@@ -550,9 +550,8 @@ def train(data, hyp, device, precision, seed, net=None, epoch_eval=True, on_epoc
 import argparse, copy, json, math, os, statistics, sys, torchvision, uuid
 from PIL import Image  # torchvision's
 
-# study.py's flags (after its --), not a script's: each stops a script with one line saying so
-STUDY_FLAGS = {'--hyp': '--hyp opt.lr=10', '--precision': '--precision fp32',
-               '--warmup': '--warmup', '--no-warmup': '--no-warmup'}
+CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)  # of its training images, per channel, as fractions
+CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 
 def read_image(path):
     """uint8 (32, 32, 3); no image, or not 32x32: refused by name (study.py reads with it too)."""
@@ -582,14 +581,30 @@ def check_same_classes(data_dir, classes):
     first = next(iter(classes))
     for split, names in classes.items():
         if names != classes[first]:
-            only_first = sorted(set(classes[first]) - set(names))
-            only_split = sorted(set(names) - set(classes[first]))
             raise ValueError(f'{data_dir}: {first}/ and {split}/ have different class directories '
-                             f'(only in {first}: {only_first}; only in {split}: {only_split}). '
-                             'All splits need the same classes.')
+                             f'(only in {first}: {sorted(set(classes[first]) - set(names))}; only '
+                             f'in {split}: {sorted(set(names) - set(classes[first]))}). All '
+                             'splits need the same classes.')
+
+def image_folder_error(data_dir, splits=('train', 'test')):
+    """None where data_dir has a directory per split, else the error that says what it lacks."""
+    if all(os.path.isdir(os.path.join(data_dir, split)) for split in splits):
+        return None
+    return ValueError(f'{os.path.abspath(data_dir)} is not in the image-folder layout: it needs '
+                      f'the subdirectories {", ".join(s + "/" for s in splits)} each holding one '
+                      'directory of 32x32 images per class. Point --data-dir at one.')
+
+def mean_and_std(images):
+    """Each channel's mean and std over uint8 images (N, 32, 32, 3), as fractions of 255."""
+    pixels = images.reshape(-1, 3).double() / 255
+    return tuple(pixels.mean(0).tolist()), tuple(pixels.std(0).tolist())
 
 def load_cifar10(data_dir, download=True):
-    """CIFAR-10 in torchvision's layout in data_dir (downloaded there when absent)."""
+    """CIFAR-10 in torchvision's layout in data_dir, downloaded there into a directory that is
+    absent or empty; one that holds other files is refused (a mistyped path, not a download)."""
+    names = os.listdir(data_dir) if os.path.isdir(data_dir) else []
+    if names and not {'cifar-10-batches-py', 'cifar-10-python.tar.gz'} & set(names):
+        raise image_folder_error(data_dir)
     try:
         sets = [torchvision.datasets.CIFAR10(data_dir, train, download=download)
                 for train in (True, False)]
@@ -599,34 +614,29 @@ def load_cifar10(data_dir, download=True):
                          f'({error}); point --data-dir at one.') from None
     splits = [{'images': torch.from_numpy(s.data), 'labels': torch.tensor(s.targets)} for s in sets]
     return {'train': splits[0], 'test': splits[1], 'classes': sets[1].classes,
-            'mean': (0.4914, 0.4822, 0.4465), 'std': (0.2470, 0.2435, 0.2616)}
+            'mean': CIFAR10_MEAN, 'std': CIFAR10_STD}
 
 def load_dataset(data_dir, download=True):
     """{'train': {'images': uint8 (N, 32, 32, 3), 'labels'}, 'test', 'classes', 'mean', 'std'}: the
     image folder data_dir/{train,test}/<class>/<image>, normalized by its training images' own
     mean and std, else CIFAR-10 (load_cifar10)."""
-    if not all(os.path.isdir(os.path.join(data_dir, split)) for split in ('train', 'test')):
+    if image_folder_error(data_dir) is not None:
         return load_cifar10(data_dir, download)
     train, train_classes = read_split(data_dir, 'train')
     test, test_classes = read_split(data_dir, 'test')
     check_same_classes(data_dir, {'train': train_classes, 'test': test_classes})
-    pixels = train['images'].view(-1, 3).double() / 255
-    return {'train': train, 'test': test, 'classes': test_classes,
-            'mean': tuple(pixels.mean(0).tolist()), 'std': tuple(pixels.std(0).tolist())}
+    mean, std = mean_and_std(train['images'])
+    return {'train': train, 'test': test, 'classes': test_classes, 'mean': mean, 'std': std}
 
 def parse_args(argv):
-    """The flags one user of one script needs (docs/layout.md says why each); study.py's stop."""
+    """The flags one user of one script needs (docs/layout.md says why each); any other flag, or
+    a bad value, is refused in one line (main)."""
     script = os.path.basename(__file__)[:-3]
-    for word in argv:
-        flag = word.partition('=')[0]
-        if flag in STUDY_FLAGS:
-            edit = f', or edit hyp in {script}.py' if flag == '--hyp' else ''
-            raise ValueError(f"{flag} is study.py's: python study.py {script} --runs N --study-dir "
-                             f'DIR -- {STUDY_FLAGS[flag]}{edit}')
-    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-                                     epilog='Other hyp values: edit hyp. Many runs with hyp '
-                                     'overrides, intervals and comparisons: study.py.')
+    study = f'python study.py {script} --runs N --study-dir DIR -- --help'
+    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0], epilog=(
+        f'Other hyp values: edit hyp in {script}.py. Many runs, hyp overrides, intervals and '
+        f'comparisons: study.py ({study} lists its flags).'), exit_on_error=False,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add = parser.add_argument
     add('--runs', type=int, default=25, help='timed training runs')
     add('--seed', type=int, help='seed of the first run; run i uses seed+i (None: random, logged)')
@@ -635,12 +645,24 @@ def parse_args(argv):
         "test/<class>/*: 32x32 images), else CIFAR-10 in torchvision's layout (downloaded there)")
     add('--device', help='cpu, cuda, cuda:1, ... (default: CUDA where present)')
     add('--log-dir', default='logs', help='logs go to LOG_DIR/<uuid>/summary.json')
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        flags = ', '.join(action.option_strings[0] for action in parser._actions[1:])
+        raise ValueError(f'{script}.py takes {flags}, not {" ".join(unknown)}: for other values '
+                         f'edit hyp in {script}.py, or see study.py\'s flags ({study})')
     if args.runs < 1:
-        parser.error(f'--runs must be at least 1, not {args.runs}')
+        raise ValueError(f'--runs must be at least 1, not {args.runs}')
     if args.epochs is not None and not 0 < args.epochs < math.inf:  # nan too
-        parser.error(f'--epochs must be above 0, not {args.epochs}')
+        raise ValueError(f'--epochs must be above 0, not {args.epochs}')
     return args
+
+def resolve_device(name=None):
+    """The torch.device of --device; None: CUDA where present, else the CPU (study.py's auto)."""
+    device = torch.device(name or ('cuda' if torch.cuda.is_available() else 'cpu'))
+    if device.type == 'cuda' and not torch.cuda.is_available():
+        raise ValueError(f'--device {device} asks for CUDA, but this torch '
+                         f'({torch.__version__}) sees no CUDA device; use --device cpu.')
+    return device
 
 def precision_for(device):
     """fp16 on CUDA; on a CPU bf16 autocast where it has native bf16, else fp32 (bf16 without it
@@ -650,13 +672,13 @@ def precision_for(device):
     native_bf16 = device.type == 'cpu' and torch.ops.mkldnn._is_mkldnn_bf16_supported()
     return 'bf16' if native_bf16 else 'fp32'
 
-def warm_up(data, run_hyp, device, precision, seed, net, full):
-    """An untimed run on two batches of random labels: full (CUDA), past the whitening bias's
-    freeze and evaluating the real test set (compilation, kernel choices); else 2 steps."""
+def warm_up(train, data, run_hyp, device, precision, seed, net, full):
+    """An untimed run of train on two batches of random labels: full (CUDA, studies), past the
+    whitening bias's freeze (a copy may have none), evaluating the whole test set; else 2 steps."""
     opt = run_hyp['opt']
-    n = 2 * opt['batch_size']
-    epochs = min(math.ceil(opt['whiten_bias_epochs']) + 1 if full else 1, opt['train_epochs'])
-    warm = {split: {k: v[:n] for k, v in data[split].items()} for split in ('train', 'test')}
+    freeze = math.ceil(opt.get('whiten_bias_epochs', 0)) if full else 0
+    epochs = min(freeze + 1, opt['train_epochs'])
+    warm = {s: {k: v[:2 * opt['batch_size']] for k, v in data[s].items()} for s in ('train', 'test')}
     warm['train']['labels'] = torch.randint_like(warm['train']['labels'], len(data['classes']))
     train({**data, 'train': warm['train'], 'test': data['test'] if full else warm['test']},
           {**run_hyp, 'opt': {**opt, 'train_epochs': epochs}}, device, precision, seed, net)
@@ -665,10 +687,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         args = parse_args(argv)
-        device = torch.device(args.device or ('cuda' if torch.cuda.is_available() else 'cpu'))
-        if device.type == 'cuda' and not torch.cuda.is_available():
-            raise ValueError(f'--device {device} asks for CUDA, but this torch '
-                             f'({torch.__version__}) sees no CUDA device; use --device cpu.')
+        device = resolve_device(args.device)
         run_hyp = copy.deepcopy(hyp)
         if args.epochs is not None:
             run_hyp['opt']['train_epochs'] = args.epochs
@@ -676,7 +695,7 @@ def main(argv=None):
         if len(data['train']['labels']) < run_hyp['opt']['batch_size']:
             raise ValueError(f"{len(data['train']['labels'])} training images make no full "
                              f"batch of {run_hyp['opt']['batch_size']}; lower opt.batch_size.")
-    except (ValueError, OSError, RuntimeError) as error:  # an unreadable image, an unknown device
+    except (ValueError, OSError, RuntimeError, argparse.ArgumentError) as error:  # one line
         sys.exit(f'error: {error}')
     precision = precision_for(device)
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), 'little') >> 1
@@ -689,7 +708,7 @@ def main(argv=None):
     net = build_net(run_hyp['net'], len(data['classes']), device, precision)
     start = time.perf_counter()
     torch.backends.cudnn.benchmark = True
-    warm_up(data, run_hyp, device, precision, seed, net, full=device.type == 'cuda')
+    warm_up(train, data, run_hyp, device, precision, seed, net, full=device.type == 'cuda')
     log['warmup_seconds'] = time.perf_counter() - start
     columns = 'run epoch train_loss train_acc val_acc tta_val_acc total_time_seconds'.split()
     print(f"warmup: {log['warmup_seconds']:.1f} s\n| {' | '.join(columns)} |")
@@ -701,13 +720,6 @@ def main(argv=None):
             raise FloatingPointError(f"run {figures['run']}: the training loss became "
                                      f"{figures['train_loss']} in epoch {figures['epoch']}. Lower "
                                      "the learning rate (hyp's opt.lr) or check the data.")
-        if (figures['run'], figures['epoch']) == (0, 0):  # the default 25 runs take hours on a CPU
-            # from the timed seconds, not the wall clock: on CUDA the figures come after the run
-            epochs = math.ceil(run_hyp['opt']['train_epochs'])
-            left = figures['total_time_seconds'] * (epochs * args.runs - 1)
-            if left >= 1:  # nothing left after a run of one epoch; less than a second is nothing
-                amount = f'{left / 60:.1f} minutes' if left >= 90 else f'{left:.0f} seconds'
-                print(f'about {amount} left for the {args.runs} runs')
 
     def write_log(status):  # after each run, replaced whole: a crash keeps the runs before it
         os.makedirs(log_dir, exist_ok=True)
@@ -717,12 +729,17 @@ def main(argv=None):
 
     try:  # status: set by the last run's log, or by how the runs stopped
         for run in range(args.runs):
+            start = time.perf_counter()
             result = train(data, run_hyp, device, precision, seed + run, net,
                            on_epoch=lambda figures: report({**figures, 'run': run}))
             log['runs'].append({key: value for key, value in result.items() if key != 'net'})
             report({**log['runs'][-1], 'run': run, 'epoch': 'eval'})
             status = 'finished' if run + 1 == args.runs else 'running'
             write_log(status)
+            left = (time.perf_counter() - start) * (args.runs - 1)  # run 0's wall time, all of it
+            if run == 0 and left >= 1:  # the default 25 runs take hours on a CPU
+                amount = f'{left / 60:.1f} minutes' if left >= 90 else f'{left:.0f} seconds'
+                print(f'about {amount} left for {args.runs - 1} more run{"s" * (args.runs > 2)}')
     except KeyboardInterrupt:
         status = 'interrupted'
         print(f"\nInterrupted: {len(log['runs'])} of {args.runs} runs finished and are in the log")

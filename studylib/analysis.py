@@ -202,7 +202,8 @@ def compare_configs(runs, config, baseline, resolve, margin=None, time_margin=No
         primary = inference.compare(*zip(*pairs.values()), paired=True)
         other = welch
     else:
-        primary, other = welch, None
+        primary = welch
+        other = None
     std = math.sqrt((np.var(mine['accuracy'], ddof=1) + np.var(theirs['accuracy'], ddof=1)) / 2) \
         if min(len(mine), len(theirs)) > 1 else None
     entry = dict(config=config, baseline=baseline, design='paired' if other else 'unpaired',

@@ -103,7 +103,8 @@ def grid_names(keys):
 def expand(configs, grids, implicit_baseline):
     """{name: Config}: every configuration at every combination of the grids' values, named
     NAME,KEY=VALUE,... (KEY=VALUE,... for the implicit baseline)."""
-    keys, expanded = [key for key, _ in grids], {}
+    keys = [key for key, _ in grids]
+    expanded = {}
     for name, script, overrides in configs:
         for values in itertools.product(*(values for _, values in grids)):
             point = [f'{short}={value}' for short, value in zip(grid_names(keys), values)]
@@ -164,7 +165,8 @@ def parse_args(argv):
     flags after -- (ScriptFlags) and what rank 0 says about the command before it starts."""
     argv = list(argv)
     split = argv.index('--') if '--' in argv else len(argv)
-    argv, script_flags = argv[:split], argv[split + 1:]
+    script_flags = argv[split + 1:]
+    argv = argv[:split]
     parser = study_parser('Many trainings of the airbench scripts, on every GPU of one or many '
                           'machines, with the statistics that research studies need.')
     args = parse_known(parser, argv)

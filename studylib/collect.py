@@ -19,15 +19,22 @@ class Collector:
     done for this launch. done_below tells the queue that every run below it is done."""
 
     def __init__(self, world, plan, study_dir):
-        self.store, self.jobs, self.study_dir = world.store, plan.jobs, study_dir
+        self.store = world.store
+        self.jobs = plan.jobs
+        self.study_dir = study_dir
         self.files = StudyDir(study_dir)
-        self.launch, self.world_size = plan.launch, world.size
+        self.launch = plan.launch
+        self.world_size = world.size
         self.compile_records = []  # every process's CompileRecords, as each publishes them
         self.compiles_from = set()  # the ranks whose CompileRecords are written
-        self.total, self.written, self.failed = plan.total, set(), {}
+        self.total = plan.total
+        self.written = set()
+        self.failed = {}
         self.finished_before = plan.total - len(plan.jobs)
         self.start_time = time.perf_counter()
-        self.claimed, self.outstanding, self.done_below = 0, set(), 0
+        self.claimed = 0
+        self.outstanding = set()
+        self.done_below = 0
         study = Study.read(study_dir)
         on_disk = scan_runs(study_dir, study)[0] if study is not None else {}
         for index, (config, run) in enumerate(self.jobs):  # a rank 0 that replaces another

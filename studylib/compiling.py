@@ -21,12 +21,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .data import dummy_dataset
 from .device import (compile_counts, compiles_network, enable_compile_caches, prepare_device,
                      recompile_limits)
 from .distribute import Liveness
 from .records import CompileRecord
-from .runs import normalized_images, warm_up_network, warmup_key
+from .runs import warm_up_network, warmup_inputs, warmup_key
 from .scripts import load_script, method_of
 
 STAGE = 'before the runs'  # CompileRecord.stage of a configuration's own compiling process
@@ -48,7 +47,6 @@ class CompileJob:
     num_eval: int
     num_test: int
     save_plain: bool
-    epoch_eval: bool
     mean: tuple
     std: tuple
 
@@ -79,16 +77,10 @@ def compile_job(job):
     counts_before = compile_counts()
     start = time.perf_counter()
     net = script.build_net(job.hyp['net'], job.num_classes, device, job.precision)
-    dummy = dummy_dataset(script.infer, job.num_classes, job.hyp['opt']['batch_size'],
-                          job.num_eval, device)
-    test_images = None
-    if job.num_test:  # any images: only their shape, dtype and layout make the graphs
-        images = torch.randint(0, 256, (job.num_test, 32, 32, 3), dtype=torch.uint8,
-                               device=device)
-        test_images = normalized_images(script, images, job.hyp, job.mean, job.std, job.precision)
+    inputs = warmup_inputs(script, job.hyp, job.num_classes, job.num_eval, job.num_test,
+                           job.mean, job.std, job.precision, device)
     with recompile_limits(1):
-        warm_up_network(script, job.hyp, net, device, job.precision, dummy, test_images,
-                        job.save_plain, job.epoch_eval)
+        warm_up_network(script, job.hyp, net, device, job.precision, inputs, job.save_plain)
     graphs, compiled, from_cache = (now - before for now, before in
                                     zip(compile_counts(), counts_before))
     return dict(seconds=time.perf_counter() - start, graphs=graphs, compiled=compiled,
@@ -118,12 +110,15 @@ class Compiler:
     """This process's part in compiling the launch's configurations before the runs."""
 
     def __init__(self, runner, world, jobs_at_once):
-        self.runner, self.world, self.jobs_at_once = runner, world, jobs_at_once
+        self.runner = runner
+        self.world = world
+        self.jobs_at_once = jobs_at_once
         self.local_size = int(os.environ.get('LOCAL_WORLD_SIZE', 1))
 
     def compiled_configs(self, configs):
         """The first configuration of each (script, hyp) to warm up whose network compiles."""
-        seen, compiled = set(), []
+        seen = set()
+        compiled = []
         for config in configs:
             key = warmup_key(self.runner.script(config).path, self.runner.configs[config].hyp)
             if key not in seen and compiles_network(self.runner.net(config)):
@@ -184,7 +179,7 @@ class Compiler:
             deterministic=runner.flags.deterministic, num_classes=len(runner.data['classes']),
             num_eval=len(runner.eval_split['labels']),
             num_test=len(runner.test_split['labels']) if runner.evaluates_test_set() else 0,
-            save_plain=runner.request.save_logits, epoch_eval=runner.flags.epoch_eval,
+            save_plain=runner.request.save_logits,
             mean=tuple(runner.data['mean']), std=tuple(runner.data['std']))
 
     def compile_all(self, configs):

@@ -83,7 +83,8 @@ class Study:
     def read(cls, study_dir):
         """The study in study_dir, or None where there is none yet. A study.json that cannot be
         read is read from its copy, and `damaged` says why; with no intact copy, StudyError."""
-        path, copy = StudyDir(study_dir).study_json(), StudyDir(study_dir).study_copy()
+        path = StudyDir(study_dir).study_json()
+        copy = StudyDir(study_dir).study_copy()
         if not os.path.exists(path) and not os.path.exists(copy):
             return None
         try:

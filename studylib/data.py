@@ -1,9 +1,9 @@
 """A study's data: CIFAR-10, CIFAR-100 and SVHN in torchvision's layout (downloaded when absent) or
 any image folder of 32x32 images, decoded once into a tensor cache beside it, with the fingerprint
-that every process of a study compares; and the dummy data of the warmup. CIFAR-10 and the image
-folders are read by the scripts' tail (repository_tail), with the scripts' messages for bad data."""
+that every process of a study compares. CIFAR-10 and the image folders are read by the scripts'
+tail (repository_tail), with the scripts' messages for bad data, its image-folder test and its
+normalization (CIFAR-10's constants, else the training set's own mean and std)."""
 import hashlib
-import inspect
 import io
 import os
 
@@ -13,7 +13,6 @@ from .errors import StorageError, StudyError
 from .files import atomic_write
 from .scripts import repository_tail
 
-CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 DATASETS = ('cifar10', 'cifar100', 'svhn', 'folder')
 CACHE_VERSION = 2  # a cache of another version is rebuilt
 
@@ -47,11 +46,13 @@ def read_torchvision_dataset(name, data_dir, download):
     for split in ('train', 'test'):
         if name == 'svhn':
             dataset = torchvision.datasets.SVHN(data_dir, split=split, download=download)
-            images, labels = torch.from_numpy(dataset.data).permute(0, 2, 3, 1), dataset.labels
+            images = torch.from_numpy(dataset.data).permute(0, 2, 3, 1)
+            labels = dataset.labels
         else:
             dataset = getattr(torchvision.datasets, name.upper())(data_dir, split == 'train',
                                                                   download=download)
-            images, labels = torch.from_numpy(dataset.data), dataset.targets
+            images = torch.from_numpy(dataset.data)
+            labels = dataset.targets
         data[split] = {'images': images.contiguous(), 'labels': torch.as_tensor(labels).long()}
     return {**data, 'classes': list(map(str, range(10))) if name == 'svhn' else dataset.classes}
 
@@ -59,7 +60,7 @@ def read_torchvision_dataset(name, data_dir, download):
 def source_of(name, data_dir, splits):
     """What a cache must have been made from: the dataset, the splits and, for an image folder,
     its file count, total size and latest change (a folder that changed is decoded again)."""
-    folder = all(os.path.isdir(os.path.join(data_dir, split)) for split in splits)
+    folder = repository_tail().image_folder_error(data_dir, splits) is None
     files = [os.stat(os.path.join(root, file)) for split in splits if folder
              for root, _, names in os.walk(os.path.join(data_dir, split)) for file in names]
     return dict(version=CACHE_VERSION, dataset=name, train_splits=splits[:-1], fingerprint=[
@@ -99,7 +100,8 @@ def load_study_data(name, data_dir, train_splits=('train',), download=True, log=
     data_dir's tensor cache where it matches, else from its image-folder or torchvision layout
     (downloaded when absent), then cached. mean, std: CIFAR-10's constants, else the training
     set's own."""
-    cache_path, splits = os.path.join(data_dir, 'airbench_cache.pt'), [*train_splits, 'test']
+    cache_path = os.path.join(data_dir, 'airbench_cache.pt')
+    splits = [*train_splits, 'test']
     source = source_of(name, data_dir, splits)
     data = read_cache(cache_path, source, log)
     if data is not None:
@@ -108,9 +110,7 @@ def load_study_data(name, data_dir, train_splits=('train',), download=True, log=
         log(f'Decoding the image-folder dataset in {data_dir} (done once, then cached) ...')
         data = read_image_folder(data_dir, list(train_splits))
     elif name == 'folder':
-        raise StudyError(f'{os.path.abspath(data_dir)} is not in the image-folder layout: it needs '
-                         f'the subdirectories {", ".join(s + "/" for s in splits)} each holding '
-                         'one directory of 32x32 images per class. Point --data-dir at one.')
+        raise StudyError(str(repository_tail().image_folder_error(data_dir, splits)))
     elif name == 'cifar10':
         data = tail_call(repository_tail().load_cifar10, data_dir, download)
     else:
@@ -123,9 +123,11 @@ def load_study_data(name, data_dir, train_splits=('train',), download=True, log=
                 f"is downloaded there), or put torchvision's files for {name} there, or point "
                 '--data-dir at an image-folder layout: train/<class>/*, test/<class>/* images.'
             ) from None
-    pixels = data['train']['images'].reshape(-1, 3).double() / 255
-    data['mean'], data['std'] = ((CIFAR10_MEAN, CIFAR10_STD) if name == 'cifar10' else
-                                 (tuple(pixels.mean(0).tolist()), tuple(pixels.std(0).tolist())))
+    if name == 'cifar10':  # CIFAR-10's constants, whatever its layout
+        data['mean'] = repository_tail().CIFAR10_MEAN
+        data['std'] = repository_tail().CIFAR10_STD
+    else:
+        data['mean'], data['std'] = repository_tail().mean_and_std(data['train']['images'])
     data.update(source)
     write_cache(cache_path, data, log)
     return data
@@ -138,20 +140,3 @@ def data_fingerprint(data):
         for key in ('images', 'labels'):
             digest.update(data[split][key].cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()
-
-
-def dummy_dataset(infer, num_classes, batch_size, num_test, device):
-    """Random data for a warmup: two training batches, and test batches of the sizes that the
-    evaluated split's take in infer (one full batch of infer's default size, and the rest; the
-    whole split where a copy's infer has no default batch_size)."""
-    batch_size_parameter = inspect.signature(infer).parameters.get('batch_size')
-    eval_batch = getattr(batch_size_parameter, 'default', None)
-    if not isinstance(eval_batch, int) or eval_batch < 1:
-        eval_batch = max(num_test, 1)
-
-    def split(n):
-        return {'images': torch.randint(0, 256, (n, 32, 32, 3), dtype=torch.uint8, device=device),
-                'labels': torch.randint(0, num_classes, (n,), device=device)}
-    full_batch = eval_batch if num_test >= eval_batch else 0
-    return {'train': split(2 * batch_size), 'test': split(full_batch + num_test % eval_batch),
-            'classes': list(range(num_classes)), 'mean': CIFAR10_MEAN, 'std': CIFAR10_STD}

@@ -17,19 +17,22 @@ from .scripts import repository_tail
 
 
 def resolve_device_precision(device_name, precision, local_rank=0):
-    """(torch.device, precision) for --device and --precision; auto is CUDA where present, and
-    the scripts' own choice for the device (their tail's precision_for: fp16 on CUDA, bf16 on a
-    CPU with native bf16, else fp32). A CUDA device always carries its index (cuda_device)."""
+    """(torch.device, precision) for --device and --precision: auto is the scripts' own choice
+    for each (their tail's resolve_device and precision_for: CUDA where present; fp16 on CUDA,
+    bf16 on a CPU with native bf16, else fp32). A CUDA device always carries its index
+    (cuda_device)."""
+    tail = repository_tail()
     try:
-        device = torch.device(device_name.replace('auto', 'cuda' if torch.cuda.is_available()
-                                                  else 'cpu'))
+        device = tail.resolve_device(None if device_name == 'auto' else device_name)
+    except ValueError as error:
+        raise StudyError(str(error)) from None
     except RuntimeError:
         raise StudyError(f'--device {device_name!r} is not a device; use auto, cpu, cuda or '
                          'cuda:N') from None
     if device.type == 'cuda':
         device = cuda_device(device, local_rank)
     if precision == 'auto':
-        precision = repository_tail().precision_for(device)
+        precision = tail.precision_for(device)
     return device, precision
 
 
@@ -37,9 +40,6 @@ def cuda_device(device, local_rank):
     """The GPU of this process, with its index (torch.cuda.set_device refuses a bare 'cuda'):
     cuda:N is GPU N for every process of the machine (several processes may share it); cuda, the
     GPU of the process's local rank (one GPU per process, as torchrun's --nproc_per_node)."""
-    if not torch.cuda.is_available():
-        raise StudyError(f'--device {device} asks for CUDA, but this torch '
-                         f'({torch.__version__}) sees no CUDA device; use --device cpu or auto.')
     count = torch.cuda.device_count()
     index = local_rank if device.index is None else device.index
     if index < count:
@@ -57,10 +57,12 @@ def keep_freed_memory_in_process():
     and zero-fill its large activations anew (docs/cpu.md, "Speed"). False without glibc."""
     try:
         libc = ctypes.CDLL(None)
-        mallopt, _ = libc.mallopt, libc.gnu_get_libc_version  # both exist only in glibc
+        mallopt = libc.mallopt  # both exist only in glibc
+        _ = libc.gnu_get_libc_version
     except (OSError, AttributeError):
         return False
-    M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # from glibc's malloc.h
+    M_TRIM_THRESHOLD = -1  # from glibc's malloc.h
+    M_MMAP_MAX = -4
     return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
 
 
@@ -77,15 +79,10 @@ def prepare_device(device, deterministic):
     keep_freed_memory_in_process()
 
 
-def compiled_graph_count():
-    """Graphs torch.compile has compiled in this process (0 where nothing is compiled)."""
-    dynamo_utils = sys.modules.get('torch._dynamo.utils')
-    return dynamo_utils.counters['stats']['unique_graphs'] if dynamo_utils else 0
-
-
 def compile_counts():
     """(graphs dynamo has traced, graphs inductor has compiled anew, graphs inductor has loaded from
-    its FX graph cache) in this process so far; zeros where nothing was compiled."""
+    its FX graph cache) in this process so far; zeros where nothing was compiled. The one count of
+    compiled graphs: the records, the compiling processes, the tools and the tests read it."""
     dynamo_utils = sys.modules.get('torch._dynamo.utils')
     if dynamo_utils is None:
         return 0, 0, 0

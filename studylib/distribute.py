@@ -48,7 +48,8 @@ def connect_store():
     rank 0 (torch.distributed's env:// variables without torchrun), or an in-memory one."""
     if 'WORLD_SIZE' not in os.environ:
         return dist.HashStore()
-    host, port = os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT'])
+    host = os.environ['MASTER_ADDR']
+    port = int(os.environ['MASTER_PORT'])
     agent_store = os.environ.get('TORCHELASTIC_USE_AGENT_STORE') == 'True'
     server = not agent_store and os.environ['RANK'] == '0'
     return dist.TCPStore(host, port, int(os.environ['WORLD_SIZE']), is_master=server,
@@ -60,12 +61,15 @@ class ResilientStore:
     Calls never block on a missing key: waiting is wait_for's polling."""
 
     def __init__(self, connect=connect_store, prefix='airbench_study/', patience=STORE_PATIENCE):
-        self.connect, self.prefix, self.patience = connect, prefix, patience
+        self.connect = connect
+        self.prefix = prefix
+        self.patience = patience
         self.lock = threading.Lock()  # the heartbeat thread shares the connection
         self.store = connect()
 
     def call(self, method, *args):
-        delay, deadline = 0.05, time.monotonic() + self.patience
+        delay = 0.05
+        deadline = time.monotonic() + self.patience
         while True:
             try:
                 with self.lock:
@@ -183,7 +187,8 @@ class Heartbeat(threading.Thread):
 
     def __init__(self, world):
         super().__init__(daemon=True)
-        self.world, self.stopping = world, threading.Event()
+        self.world = world
+        self.stopping = threading.Event()
 
     def __enter__(self):
         self.start()
@@ -207,12 +212,15 @@ class Liveness:
     clock, from when it first looked) is lost."""
 
     def __init__(self, store, lost_after):
-        self.store, self.lost_after, self.seen = store, lost_after, {}
+        self.store = store
+        self.lost_after = lost_after
+        self.seen = {}
 
     def lost(self, token):
         if self.store.check(f'dead/{token}'):
             return True
-        beats, now = self.store.add(f'beat/{token}', 0), time.monotonic()
+        beats = self.store.add(f'beat/{token}', 0)
+        now = time.monotonic()
         last = self.seen.get(token)
         if last is None or last[0] != beats:
             self.seen[token] = (beats, now)
@@ -227,8 +235,11 @@ class Queue:
     study's."""
 
     def __init__(self, world, num_jobs, lost_after):
-        self.world, self.store, self.num_jobs = world, world.store, num_jobs
-        self.liveness, self.known_done = Liveness(world.store, lost_after), set()
+        self.world = world
+        self.store = world.store
+        self.num_jobs = num_jobs
+        self.liveness = Liveness(world.store, lost_after)
+        self.known_done = set()
 
     def lease(self, index, holder=''):
         """Take run index's lease from holder ('' for none); True if this process holds it now."""
@@ -241,9 +252,11 @@ class Queue:
 
     def claim(self):
         """(index, attempts) of a run this process now holds, or None when none is free now."""
-        while (index := self.store.add('next', 1) - 1) < self.num_jobs:
+        index = self.store.add('next', 1) - 1  # the next run no process has taken
+        while index < self.num_jobs:
             if self.lease(index):
                 return index, 1
+            index = self.store.add('next', 1) - 1
         start = int(self.store.get('done_below')) if self.store.check('done_below') else 0
         for index in range(start, self.num_jobs):
             if index in self.known_done:

@@ -169,16 +169,19 @@ def outputs_intact(path):
 
 def scan_config(study_dir, config, expects_outputs):
     """({run: RunRecord}, [Damaged]) of one configuration's directory."""
-    finished, damaged = {}, []
+    finished = {}
+    damaged = []
     files = StudyDir(study_dir)
     try:
         names = sorted(os.listdir(files.config_dir(config)))
     except FileNotFoundError:
         return finished, damaged
     for name in names:
-        if not (match := RUN_FILE.fullmatch(name)):
+        match = RUN_FILE.fullmatch(name)
+        if not match:
             continue
-        run, relative = int(match[1]), os.path.join('runs', config, name)
+        run = int(match[1])
+        relative = os.path.join('runs', config, name)
         try:
             finished[run] = read_record(files.join(relative), config, run)
         except LookupError as error:
@@ -234,7 +237,8 @@ def scan_runs(study_dir, study):
     damaged as a whole (its records would count for a later configuration of that name)."""
     expects_outputs = bool(study.settings.get('save_logits')) or \
         study.settings.get('train_subset') is not None
-    finished, damaged = {}, []
+    finished = {}
+    damaged = []
     for config in study.configs:
         records, found = scan_config(study_dir, config, expects_outputs)
         finished.update(((config, run), record) for run, record in records.items())
@@ -272,7 +276,8 @@ def set_aside(study_dir, damaged):
 
 def free_name(path):
     """path, or path.2, path.3 ...: the first that does not exist."""
-    candidate, number = path, 1
+    candidate = path
+    number = 1
     while os.path.exists(candidate):
         number += 1
         candidate = f'{path}.{number}'

@@ -21,7 +21,8 @@ def check_hyp_values(value, default, choices, ranges, path=()):
     """Refuse, before any training, a value unlike hyp's own (its type, a dict's keys, a tuple's
     length) or outside the script's own HYP_CHOICES and HYP_RANGES (by GROUP.NAME: widths.block1
     takes the rule of widths: choices and ranges); path: the keys from hyp down to value."""
-    key, kind = '.'.join(path), type(default)
+    key = '.'.join(path)
+    kind = type(default)
     rule = '.'.join(path[:2])
     if kind in (dict, tuple) and (type(value) is not kind or len(value) != len(default) or
                                   kind is dict and value.keys() != default.keys()):
@@ -36,25 +37,42 @@ def check_hyp_values(value, default, choices, ranges, path=()):
         check_number(key, rule, value, default, ranges)
 
 
-def set_value(hyp, text):
-    """Set KEY=VALUE in hyp (KEY: GROUP.NAME, at any depth; VALUE a Python literal, or a word
-    such as 'random' as a string), refusing a key hyp does not have, naming the keys there are."""
-    key, sep, value = text.partition('=')
-    if not sep:
-        raise StudyError(f'{text!r} is not KEY=VALUE (for example opt.lr=10)')
+def set_entry(hyp, key, value):
+    """Set hyp's entry KEY (GROUP.NAME, at any depth) to value, refusing a key hyp does not have,
+    naming the keys there are. The one setter of hyp entries: study.py's --hyp and overrides,
+    the tools and the tests."""
     *groups, name = key.split('.')
-    node, path = hyp, []
+    node = hyp
+    path = []
     for part in groups:
         if not isinstance(node.get(part), dict):
             break
-        node, path = node[part], [*path, part]
+        node = node[part]
+        path.append(part)
     if len(path) != len(groups) or not groups or name not in node:
         where = '.'.join(path) or 'hyp'
         raise StudyError(f'no hyperparameter {key} ({where} has {", ".join(node)})')
+    node[name] = value
+
+
+def with_entries(hyp, entries):
+    """A copy of hyp with entries ({'GROUP.NAME': value}) set, in order."""
+    hyp = copy.deepcopy(hyp)
+    for key, value in entries.items():
+        set_entry(hyp, key, value)
+    return hyp
+
+
+def set_value(hyp, text):
+    """Set KEY=VALUE in hyp (VALUE a Python literal, or a word such as 'random' as a string)."""
+    key, sep, value = text.partition('=')
+    if not sep:
+        raise StudyError(f'{text!r} is not KEY=VALUE (for example opt.lr=10)')
     try:
-        node[name] = ast.literal_eval(value)
+        parsed = ast.literal_eval(value)
     except (ValueError, SyntaxError):
-        node[name] = value
+        parsed = value
+    set_entry(hyp, key, parsed)
 
 
 def config_hyp(script_hyp, choices, ranges, flags, overrides=()):

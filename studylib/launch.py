@@ -69,7 +69,8 @@ class BrokenDevice:
     broken, and it would mark every run it takes as failed."""
 
     def __init__(self, limit=3):
-        self.limit, self.recent = limit, []
+        self.limit = limit
+        self.recent = []
 
     def check(self, record):
         self.recent = [*self.recent, record][-self.limit:] if record.failed else []
@@ -83,7 +84,8 @@ class BrokenDevice:
 def work(request, world, plan, runner, collector):
     """Take runs from the queue and train them until every run of the plan is done; rank 0 writes
     the records between its runs."""
-    queue, broken = Queue(world, len(plan.jobs), request.lost_after), BrokenDevice()
+    queue = Queue(world, len(plan.jobs), request.lost_after)
+    broken = BrokenDevice()
     rank0 = Liveness(world.store, request.lost_after)
     while True:
         claimed = queue.claim()
@@ -105,9 +107,10 @@ def work(request, world, plan, runner, collector):
         index, attempts = claimed
         config, run = plan.jobs[index]
         if attempts > MAX_ATTEMPTS:
-            record, outputs = failure_record(config, run, ProcessLost(
+            record = failure_record(config, run, ProcessLost(
                 f'its process was lost {attempts - 1} times (killed, out of memory, or '
-                'unreachable)'), runner), None
+                'unreachable)'), runner)
+            outputs = None
         else:
             record, outputs = train_one(runner, config, run)
         publish(world, queue, index, record, outputs)

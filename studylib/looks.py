@@ -98,7 +98,8 @@ def launch_reasons(launches, runs):
     """Why the launches make the claims exploratory: a launch that, with runs already finished,
     changed the target, or extended the plan (more runs, new configurations or grid values)
     after the report the launch before it wrote at its end."""
-    reasons, previous = [], None
+    reasons = []
+    previous = None
     for launch in launches:
         request = launch_request(launch)
         if request is None:
@@ -125,7 +126,8 @@ def history_reasons(history, summary):
     """Why the recorded looks make the claims exploratory (an extension after a look), and the
     notes they leave (runs added within the plan after a look: an interim look, harmless to a
     fixed n claimed at its end)."""
-    reasons, notes = [], []
+    reasons = []
+    notes = []
     for look in history:
         if not look.get('runs_finished'):
             continue

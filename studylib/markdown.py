@@ -81,7 +81,8 @@ def target_lines(section, looks=None):
     they ended with), the one-sided bound that matches the one-sided test, and Holm's verdict."""
     if missing(section):
         return [f'Not computed: {missing(section)}.']
-    target, exploratory = section['target'], bool(looks and looks.get('exploratory'))
+    target = section['target']
+    exploratory = bool(looks and looks.get('exploratory'))
     confidence = next((c['confidence'] for c in section['claims'].values() if 'confidence' in c),
                       0.95)
     lines = [f'The claim "the mean accuracy exceeds {target}", one per configuration, counting '
@@ -128,7 +129,8 @@ def failure_lines(summary):
 def comparison_lines(section, digits=4, looks=None):
     if missing(section):
         return [f'Not computed: {missing(section)}.']
-    resolve, margin = section['resolve'], section.get('margin')
+    resolve = section['resolve']
+    margin = section.get('margin')
     exploratory = bool(looks and looks.get('exploratory'))
     lines = [f"Each configuration against its baseline; family for Holm's adjustment: "
              f"{section['family']}. The test is the one the design calls for: paired over runs "

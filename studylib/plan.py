@@ -82,7 +82,8 @@ def open_study(study_dir, study, command, launch):
     that this launch extends), and write study.json with the launch (its id, command and
     environment) added; a study.json that was read from its copy is set aside first. Returns the
     lock, the study as DIR holds it now, and the lines that say what was recovered."""
-    lock, notes = lock_study_dir(study_dir), []
+    lock = lock_study_dir(study_dir)
+    notes = []
     try:
         existing = Study.read(study_dir)
         try:
@@ -174,7 +175,8 @@ class Process:
 def setup_configs(request):
     """The study's scripts ({label: Script}, each loaded once) and its configurations resolved
     ({name: Config} with the script's SHA-256 and the resolved hyp)."""
-    scripts, configs = {}, {}
+    scripts = {}
+    configs = {}
     for name, config in request.configs.items():
         if config.script not in scripts:
             scripts[config.script] = open_script(config.script)
@@ -235,7 +237,8 @@ def check_world(infos):
 
 def check_outputs_travel(request, data):
     """Refuse, before any training, outputs too large for the store to carry (in chunks)."""
-    num_test, num_classes = len(data['test']['labels']), len(data['classes'])
+    num_test = len(data['test']['labels'])
+    num_classes = len(data['classes'])
     size = (2 * num_test * num_classes * 2 if request.save_logits else 0) + \
         (len(data['train']['labels']) if request.train_subset is not None else 0)
     if size > distribute.MAX_OUTPUT_BYTES:

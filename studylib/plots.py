@@ -49,7 +49,8 @@ def plot_accuracy(study_dir, summary, runs, names, plt):
         if len(mine):
             diverged = mine['diverged'].fillna(False).astype(bool) if 'diverged' in mine \
                 else np.zeros(len(mine), dtype=bool)
-            kept, lost = mine[~diverged], mine[diverged]
+            kept = mine[~diverged]
+            lost = mine[diverged]
             axes.scatter(kept['accuracy'], jitter(len(kept), row, rng), s=12, alpha=0.5,
                          color='tab:blue', label='a run')
             if len(lost):  # counted by the record claims; drawn, they would crush the scale
@@ -58,7 +59,8 @@ def plot_accuracy(study_dir, summary, runs, names, plt):
                               va='center', fontsize=7, color='tab:red', annotation_clip=False)
         config = summary['configs'][name]
         if config.get('ci_low') is not None:  # an accuracy's interval stays within [0, 1]
-            low, high = max(config['ci_low'], 0.0), min(config['ci_high'], 1.0)
+            low = max(config['ci_low'], 0.0)
+            high = min(config['ci_high'], 1.0)
             axes.errorbar([config['mean']], [row], color='black', capsize=4, fmt='o',
                           xerr=[[config['mean'] - low], [high - config['mean']]],
                           label='mean, 95% CI')
@@ -95,7 +97,8 @@ def plot_epochs(study_dir, speedup, plt):
     the law fits, dashed where the lack-of-fit test rejects it, none where no law fits (the fit
     stopped at a bound, or failed). The axes span the data, not the laws."""
     figure, axes = plt.subplots(figsize=(9, 4.5))
-    shown_errors, perfect = [], 0
+    shown_errors = []
+    perfect = 0
     for index, (label, curve) in enumerate(speedup['curves'].items()):
         if 'epochs' not in curve:
             continue
@@ -119,7 +122,8 @@ def plot_epochs(study_dir, speedup, plt):
     axes.set_xticks(epochs, [f'{e:g}' for e in epochs])
     axes.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     if shown_errors:
-        low, high = min(shown_errors) / 1.25, max(shown_errors) * 1.25
+        low = min(shown_errors) / 1.25
+        high = max(shown_errors) * 1.25
         axes.set_ylim(low, high)
         ticks = log_ticks(low, high)
         axes.set_yticks(ticks, [f'{tick:.3g}' for tick in ticks])
@@ -140,14 +144,16 @@ def error_bars(curve):
     errors = 1 - np.array(curve['mean_accuracy'], dtype=float)
     low = np.array([np.nan if v is None else 1 - v for v in curve['ci_high']], dtype=float)
     high = np.array([np.nan if v is None else 1 - v for v in curve['ci_low']], dtype=float)
-    low, high = np.where(np.isnan(low), errors, low), np.where(np.isnan(high), errors, high)
+    low = np.where(np.isnan(low), errors, low)
+    high = np.where(np.isnan(high), errors, high)
     return errors, np.clip(low, 0, 1), np.clip(high, 0, 1)
 
 
 def fit_status(curve):
     """'none' where no law fits (no fit, or one stopped at a bound), 'bad fit' where the
     lack-of-fit test rejects it at 5%, else 'fits'."""
-    fit, test = curve.get('fit'), curve.get('lack_of_fit') or {}
+    fit = curve.get('fit')
+    test = curve.get('lack_of_fit') or {}
     if fit is None or fit['at_bounds']:
         return 'none'
     return 'bad fit' if test.get('p_value') is not None and test['p_value'] < 0.05 else 'fits'

@@ -74,7 +74,8 @@ def summarize(study_dir, target=None, resolve=None, margin=None, time_margin=Non
     for which every comparison gets the runs needed to detect it; margin (points of accuracy) and
     time_margin (a ratio of times): the equivalence margins of the comparisons."""
     study = read_study(study_dir)
-    given, target = target, target if target is not None else study.target
+    given = target
+    target = target if target is not None else study.target
     settings = study.settings
     runs, _ = load_study(study_dir, outputs=False)
     failed = failed_runs(study_dir, study)

@@ -14,10 +14,10 @@ import time
 
 import torch
 
-from .data import dummy_dataset
-from .device import compile_counts, compiled_graph_count, device_model
+from .device import compile_counts, device_model
 from .errors import RunsFailed
 from .records import CompileRecord, RunRecord
+from .scripts import repository_tail
 
 
 SOURCES = ('init', 'order', 'aug')  # the sources of randomness of the scripts' source_seeds
@@ -25,7 +25,8 @@ SOURCES = ('init', 'order', 'aug')  # the sources of randomness of the scripts' 
 
 def run_seeds(source_seeds, seed, run, vary):
     """Run `run`'s seeds of the three sources: run i's for the varied ones, run 0's otherwise."""
-    varied, held = source_seeds(seed + run), source_seeds(seed)
+    varied = source_seeds(seed + run)
+    held = source_seeds(seed)
     return {source: (varied if vary in (source, 'all') else held)[source] for source in SOURCES}
 
 
@@ -153,19 +154,45 @@ def evaluation_logits(script, hyp, net, images, tta_level, device, precision):
     return script.infer(net, images, tta_level, autocast, **settings)
 
 
-def warm_up_network(script, hyp, net, device, precision, dummy, test_images, save_plain,
-                    epoch_eval):
-    """One untimed run of the script's train() on dummy data (allocation, kernel choices,
-    compilation), then the evaluations of the run's outputs where the study makes them: the
-    normalized test_images (None: none) with the configuration's TTA, and plain if save_plain."""
-    result = script.train(dummy, hyp, device, precision, script.source_seeds(0), net,
-                          epoch_eval=epoch_eval)
+def random_split(n, num_classes, device):
+    """n random images (uint8, N x 32 x 32 x 3) and labels: a warmup's, whose shapes alone make its
+    graphs and kernels. The one maker of random CIFAR-shaped data (the tools call it too)."""
+    return {'images': torch.randint(0, 256, (n, 32, 32, 3), dtype=torch.uint8, device=device),
+            'labels': torch.randint(0, num_classes, (n,), device=device)}
+
+
+def warmup_inputs(method, hyp, num_classes, num_eval, num_test, mean, std, precision, device):
+    """The warmup's inputs, random with a run's shapes: its data (two training batches, for the
+    tail's warm_up; an evaluated split of the batch sizes that num_eval images take in infer:
+    one full batch of its default size and the rest, or all of them where a copy's infer has no
+    default batch_size), and num_test test images normalized by the script's loader, whose
+    outputs the runs evaluate (None where num_test is 0)."""
+    batch_size_parameter = inspect.signature(method.infer).parameters.get('batch_size')
+    eval_batch = getattr(batch_size_parameter, 'default', None)
+    if not isinstance(eval_batch, int) or eval_batch < 1:
+        eval_batch = max(num_eval, 1)
+    full_batch = eval_batch if num_eval >= eval_batch else 0
+    data = {'train': random_split(2 * hyp['opt']['batch_size'], num_classes, device),
+            'test': random_split(full_batch + num_eval % eval_batch, num_classes, device),
+            'classes': list(range(num_classes)), 'mean': mean, 'std': std}
+    if not num_test:
+        return data, None
+    images = random_split(num_test, num_classes, device)['images']
+    return data, normalized_images(method, images, hyp, mean, std, precision)
+
+
+def warm_up_network(method, hyp, net, device, precision, inputs, save_plain):
+    """The tail's full warmup of the method's train() on the warmup's inputs (warmup_inputs:
+    allocation, kernel choices, compilation), then the evaluations of the run's outputs where the
+    study makes them: the test images with the configuration's TTA, and plain if save_plain."""
+    data, test_images = inputs
+    repository_tail().warm_up(method.train, data, hyp, device, precision,
+                              method.source_seeds(0), net, full=True)
     if test_images is None:
         return
-    evaluation_logits(script, hyp, result['net'], test_images, hyp['net']['tta_level'], device,
-                      precision)
+    evaluation_logits(method, hyp, net, test_images, hyp['net']['tta_level'], device, precision)
     if save_plain:
-        evaluation_logits(script, hyp, result['net'], test_images, 0, device, precision)
+        evaluation_logits(method, hyp, net, test_images, 0, device, precision)
 
 
 def warmup_key(script_path, hyp):
@@ -184,12 +211,17 @@ class Runner:
     """Trains runs of the study on this process's device and makes their records."""
 
     def __init__(self, request, process, world, launch, recompile_limit_hits):
-        self.request, self.world, self.launch = request, world, launch
+        self.request = request
+        self.world = world
+        self.launch = launch
         self.recompile_limit_hits = recompile_limit_hits  # studylib.device.recompile_limits's
-        self.configs, self.scripts = process.configs, process.scripts
+        self.configs = process.configs
+        self.scripts = process.scripts
         self.flags = process.flags  # the flags after --: the same for every configuration
         self.source_seeds = process.scripts[request.script].method.source_seeds  # runs stay paired
-        self.device, self.precision, data = process.device, process.precision, process.data
+        self.device = process.device
+        self.precision = process.precision
+        data = process.data
         self.device_model = device_model(self.device)
         self.nets = []  # (script, the hyp['net'] entries it was built from, network)
         self.warmed_up = set()  # warmup_key of every (script, hyp) warmed up
@@ -197,9 +229,11 @@ class Runner:
         self.compile_records = []  # CompileRecord of each warmup (and compile before the runs)
         self.test_inputs = {}  # the normalized test images by script: the same for every run
         on_device = lambda split: {key: value.to(self.device) for key, value in split.items()}
-        self.train_split, self.test_split = on_device(data['train']), on_device(data['test'])
+        self.train_split = on_device(data['train'])
+        self.test_split = on_device(data['test'])
         self.data = {key: data[key] for key in ('classes', 'mean', 'std')}
-        self.held_out, self.eval_split = None, self.test_split
+        self.held_out = None
+        self.eval_split = self.test_split
         if request.val_split:
             self.held_out = validation_indices(len(data['train']['labels']), request.val_split,
                                                request.seed)
@@ -213,7 +247,8 @@ class Runner:
         """The configuration's network: one per script and architecture (the entries of hyp['net']
         that build_net reads), shared by the configurations that differ in anything else, and
         reinitialized by each run."""
-        script, arch = self.script(config), self.configs[config].hyp['net']
+        script = self.script(config)
+        arch = self.configs[config].hyp['net']
         for path, entries, net in self.nets:
             if path == script.path and all(arch[key] == value for key, value in entries.items()):
                 return net
@@ -235,22 +270,21 @@ class Runner:
         compilation (or loading what was compiled before the runs) happen here, and what it cost
         each configuration is kept (self.compile_records)."""
         for config in configs:
-            script, hyp = self.script(config), self.configs[config].hyp
+            script = self.script(config)
+            hyp = self.configs[config].hyp
             key = warmup_key(script.path, hyp)
             if key in self.warmed_up or not self.flags.warmup:
                 continue
-            dummy = dummy_dataset(script.method.infer, len(self.data['classes']),
-                                  hyp['opt']['batch_size'], len(self.eval_split['labels']),
-                                  self.device)
-            test_images = self.normalized_test_images(config) if self.evaluates_test_set() \
-                else None  # the forward passes of the run's outputs too
+            inputs = warmup_inputs(
+                script.method, hyp, len(self.data['classes']), len(self.eval_split['labels']),
+                len(self.test_split['labels']) if self.evaluates_test_set() else 0,
+                self.data['mean'], self.data['std'], self.precision, self.device)
             counts = compile_counts()
             start = time.perf_counter()
             try:
                 with self.variants.recording(self.net(config), self.net_label(config)) as seen:
                     warm_up_network(script.method, hyp, self.net(config), self.device,
-                                    self.precision, dummy, test_images, self.request.save_logits,
-                                    self.flags.epoch_eval)
+                                    self.precision, inputs, self.request.save_logits)
             except Exception as error:  # noqa: BLE001: said in one line, the launch stopped
                 reason = self.compiles_eagerly() or f'{type(error).__name__}: {error}'
                 raise RunsFailed(f'the warmup of configuration {config} failed ({reason}); no '
@@ -289,7 +323,9 @@ class Runner:
     def run_data(self, run):
         """The data of a run (its training subset, the evaluated split), its subset mask and the
         subset's seed."""
-        request, mask, subset_seed = self.request, None, None
+        request = self.request
+        mask = None
+        subset_seed = None
         if request.train_subset is not None:
             subset_seed = derived_seed('subset', request.seed + run)
         if request.train_subset is not None or self.held_out is not None:
@@ -322,18 +358,20 @@ class Runner:
 
     def train_run(self, config, run):
         started = datetime.datetime.now(datetime.timezone.utc).isoformat()
-        request, script, hyp = self.request, self.script(config), self.configs[config].hyp
+        request = self.request
+        script = self.script(config)
+        hyp = self.configs[config].hyp
         seeds = run_seeds(self.source_seeds, request.seed, run, request.vary)
         data, mask, subset_seed = self.run_data(run)
         checks = self.flags.warmup and config not in self.variants.checked
         net = self.net(config)
         recording = self.variants.recording(net, self.net_label(config)) if checks else \
             contextlib.nullcontext()
-        graphs_before = compiled_graph_count()
+        graphs_before = compile_counts()[0]
         with recording as seen:
             result = script.method.train(data, hyp, self.device, self.precision, seeds, net,
                                          self.flags.epoch_eval)
-            graphs = compiled_graph_count() - graphs_before
+            graphs = compile_counts()[0] - graphs_before
             outputs, test_acc = self.outputs(config, result['net'], mask)
         unwarmed = self.variants.not_warmed_up(seen) if checks else None
         self.variants.checked.add(config)
@@ -372,7 +410,8 @@ class Runner:
         """The saved outputs of a run (test logits with and without TTA in fp16, kept as computed,
         so that they give test_acc exactly; the subset mask), and the test accuracy of its TTA
         logits where train() evaluated another split (None where it evaluated the test set)."""
-        outputs, test_acc = {}, None
+        outputs = {}
+        test_acc = None
         if self.evaluates_test_set():  # test logits: not what train() saw
             logits, plain = self.test_logits(config, net)
             test_acc = (logits.argmax(1) == self.test_split['labels']).float().mean().item()

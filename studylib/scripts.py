@@ -111,28 +111,30 @@ def sha256_of(path):
         return hashlib.sha256(f.read()).hexdigest()
 
 
-def load_script(path):
-    """Import the script at path as a module, as it is. Refuses a file that cannot be imported or
-    lacks any of METHOD_API, naming what it lacks."""
-    spec = importlib.util.spec_from_file_location(
-        f'airbench_study_{os.path.basename(path)[:-3]}', path)
-    script = importlib.util.module_from_spec(spec)
+def load_script(script):
+    """Import a script as a module, as it is, a new module each call (script_path: a script of the
+    repository by name, or a path), named as its file. Refuses a file that cannot be imported or
+    lacks any of METHOD_API, naming what it lacks. The one loader of scripts: tools and tests use
+    it too."""
+    path = script_path(script)
+    spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
+    module = importlib.util.module_from_spec(spec)
     try:
-        spec.loader.exec_module(script)
+        spec.loader.exec_module(module)
     except Exception as error:
         raise StudyError(f'{path} could not be imported ({type(error).__name__}: {error})') \
             from None
-    missing = [name for name in METHOD_API if not hasattr(script, name)]
+    missing = [name for name in METHOD_API if not hasattr(module, name)]
     if missing:
         raise StudyError(f'{path} lacks {", ".join(missing)}, which study.py needs: a copy '
                          f'defines the method ({", ".join(METHOD_API)}: a script\'s part above '
                          'the banner), and needs nothing below it')
     for name, part in METHOD_API.items():
-        taken = leading_parameters(getattr(script, name), part.parameters)
+        taken = leading_parameters(getattr(module, name), part.parameters)
         if taken != part.parameters:
             raise StudyError(f'{path}: its {name} takes ({", ".join(taken)}) first, where study.py '
                              f'passes ({", ".join(part.parameters)}): {part.expected}')
-    return script
+    return module
 
 
 def leading_parameters(member, expected):
@@ -155,8 +157,9 @@ def leading_parameters(member, expected):
 
 @functools.cache
 def repository_tail():
-    """The repository's airbench94.py, loaded once as a library: what its tail owns (reading images
-    and CIFAR-10, the precision for a device), study.py calls there. The tail, identical in every
+    """The repository's airbench94.py, loaded once as a library: what its tail owns (reading images,
+    the image-folder test, CIFAR-10 and its mean and std, a training set's own, the device, its
+    precision, the warmup), study.py calls there. The tail, identical in every
     script, is never taken from a study's own script: the engine meets those only by their method
     (METHOD_API)."""
     return load_script(os.path.join(REPO, 'airbench94.py'))

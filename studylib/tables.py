@@ -86,7 +86,9 @@ class SavedOutputs(Mapping):
     are never all in memory. runs: the runs that saved this kind (their settings say so)."""
 
     def __init__(self, study_dir, key, runs):
-        self.study_dir, self.key, self.runs = study_dir, key, list(runs)
+        self.study_dir = study_dir
+        self.key = key
+        self.runs = list(runs)
         self.index = set(self.runs)
 
     def __getitem__(self, run):
@@ -160,7 +162,8 @@ def _tally(study_dir, config, wanted, key, labels, num_classes):
     each run it holds is still that run (a run trained again, after its record was set aside,
     has another time), extended by the others."""
     path = StudyDir(study_dir).tally(config, key)
-    tally, held = EnsembleTally(labels, num_classes), []
+    tally = EnsembleTally(labels, num_classes)
+    held = []
     if os.path.exists(path):
         try:
             with np.load(path) as saved:

@@ -1,7 +1,6 @@
 """Shared helpers: the tiers (quick by default, `--tier slow`, `--tier all`), the scripts under
-test (imported as modules), small datasets, and running a script as a user does."""
-import copy
-import importlib.util
+test (loaded by studylib's loader), small datasets, and running a script as a user does. The
+repository and its tools/ are on the path: tests import studylib and the tools by name."""
 import json
 import os
 import socket
@@ -13,7 +12,12 @@ import pytest
 import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [REPO, os.path.join(REPO, 'tools')]
 TIERS = ('quick', 'slow', 'all')
+
+from gpu_check import MAIN_WITH_HYP, TINY_WIDTHS, tiny_hyp  # noqa: E402
+from studylib.hyp import with_entries  # noqa: E402
+from studylib.scripts import load_script  # noqa: E402
 
 
 def pytest_addoption(parser):
@@ -151,31 +155,15 @@ needs_cpu_fp16_padding = pytest.mark.skipif(not cpu_reflect_pads_fp16(), reason=
     'recipe runs on the CPU here'))
 
 # The scripts take no --hyp (study.py does, after its --): a test runs a script on a schedule of its
-# own as a user who edited hyp does, with these entries set ('GROUP.NAME': value) on the module
-# (set_hyp, for main() in this process) or in the script's process (run_script's hyp)
+# own as a user who edited hyp does, with entries set ('GROUP.NAME': value) on the module
+# (set_hyp, for main() in this process) or in the script's process (run_script's hyp). Checks of
+# training, not of accuracy, train tools/gpu_check.py's tiny networks (TINY_WIDTHS, tiny_hyp).
 # A quick schedule on the synthetic image folder: 384 training images in batches of 64, 4 epochs
 QUICK_HYP = {'opt.batch_size': 64}
 QUICK = ['--epochs', '4', '--device', 'cpu']
-NARROW_WIDTHS = {'block1': 8, 'block2': 16, 'block3': 16}  # the paper's shape (block2 the wider), for checks of training, not of accuracy
-# The quickest complete run of airbench94: one epoch of batches of 32 of a narrow network, no TTA
-TINY_HYP = {'opt.batch_size': 32, 'net.tta_level': 0, 'net.widths': NARROW_WIDTHS}
+# The quickest complete run of airbench94: one epoch of batches of 32 of a tiny network, no TTA
+TINY_HYP = {**tiny_hyp('airbench94'), 'net.tta_level': 0}
 TINY = ['--epochs', '1', '--device', 'cpu']
-
-
-def narrow(name, width=8):
-    """The hyp entries of a network of this width in every block (its proxy's too): what checks
-    of the running script, not of its method's accuracy, train."""
-    widths = {f'block{i}': width for i in (1, 2, 3)}
-    return {'net.widths': widths, **({'proxy.widths': widths} if name == 'airbench96_faster' else {})}
-
-
-def hyp_with_settings(hyp, settings):
-    """A copy of hyp with settings {'GROUP.NAME': value} set."""
-    hyp = copy.deepcopy(hyp)
-    for key, value in settings.items():
-        group, name = key.split('.')
-        hyp[group][name] = value
-    return hyp
 
 
 def in_fp32(monkeypatch, script):
@@ -188,15 +176,7 @@ def set_hyp(monkeypatch, script, *settings):
     """Make the script's main() run with these hyp entries (dicts of 'GROUP.NAME': value, a later
     one winning), as after an edit of its hyp; restored after the test."""
     merged = {key: value for entries in settings for key, value in entries.items()}
-    monkeypatch.setattr(script, 'hyp', hyp_with_settings(script.hyp, merged))
-
-
-def load_script(name):
-    """Import REPO/<name>.py as a module (importing must have no side effects)."""
-    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, f'{name}.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    monkeypatch.setattr(script, 'hyp', with_entries(script.hyp, merged))
 
 
 @pytest.fixture(params=SCRIPTS)
@@ -214,20 +194,11 @@ def ab94():
     return load_script('airbench94')
 
 
-def with_hyp(hyp, **settings):
-    """A copy of hyp with settings given as group__key=value, e.g. opt__batch_size=32."""
-    hyp = copy.deepcopy(hyp)
-    for key, value in settings.items():
-        group, name = key.split('__')
-        hyp[group][name] = value
-    return hyp
-
-
-def quick_train(script, data, seed=0, net=None, **settings):
-    """train() on a small dataset: a network of NARROW_WIDTHS, batches of 32 and 4 epochs unless
-    settings say otherwise."""
-    hyp = with_hyp(script.hyp, **{'opt__batch_size': 32, 'opt__train_epochs': 4,
-                                  'net__widths': NARROW_WIDTHS, **settings})
+def quick_train(script, data, seed=0, net=None, entries=None):
+    """train() on a small dataset: a network of TINY_WIDTHS, batches of 32 and 4 epochs unless
+    entries ({'GROUP.NAME': value}) say otherwise."""
+    hyp = with_entries(script.hyp, {'opt.batch_size': 32, 'opt.train_epochs': 4,
+                                    'net.widths': TINY_WIDTHS, **(entries or {})})
     return script.train(data, hyp, CPU, 'fp32', seed, net=net, epoch_eval=False)
 
 
@@ -292,7 +263,8 @@ def record_compiled_graphs(monkeypatch):
 def warm_up_as_on_cuda(monkeypatch, script, graphs):
     """Make main()'s warmup the full one it runs on CUDA, whatever the device; returns a list that
     receives len(graphs) when the warmup ends: the graphs compiled before any timed run."""
-    warmed, warm_up = [], script.warm_up
+    warmed = []
+    warm_up = script.warm_up
 
     def full_warm_up(*args, full):
         warm_up(*args, full=True)
@@ -307,9 +279,7 @@ def script_command(name, *args, hyp=None):
     path = os.path.join(REPO, f'{name}.py')
     if not hyp:
         return [sys.executable, path, *args]
-    # tools/gpu_check.py's program: the script's main() with hyp entries set first
-    main_with_hyp = load_tool('gpu_check').MAIN_WITH_HYP
-    return [sys.executable, '-c', main_with_hyp, path, json.dumps(hyp), *args]
+    return [sys.executable, '-c', MAIN_WITH_HYP, path, json.dumps(hyp), *args]
 
 
 def run_script(name, *args, hyp=None, timeout=600):
@@ -349,7 +319,8 @@ def descendants(pid):
         except (OSError, ValueError, IndexError):  # the process has ended meanwhile
             continue
         children.setdefault(parent, []).append(int(entry))
-    found, frontier = [], [pid]
+    found = []
+    frontier = [pid]
     while frontier:
         offspring = children.get(frontier.pop(), [])
         found += offspring
@@ -380,14 +351,6 @@ def script_changes(name):
                         re.MULTILINE | re.DOTALL)
     assert section, f'docs/layout.md has no section on what {name}.py changes'
     return section.group(1)
-
-
-def load_tool(name):
-    """Import REPO/tools/<name>.py as a module."""
-    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, 'tools', f'{name}.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def top_level_names(source):

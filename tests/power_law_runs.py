@@ -4,7 +4,6 @@ import numpy as np
 
 from conftest import load_script
 
-load_script('study')  # puts the repository on the path
 from studylib.stats.fits import PowerLaw  # noqa: E402
 
 EPOCHS = [10, 20, 40, 80]

@@ -57,7 +57,8 @@ class StandIn(nn.Module):
 
     def __init__(self, num_classes):
         super().__init__()
-        self.num_classes, self.planned = num_classes, None
+        self.num_classes = num_classes
+        self.planned = None
 
 
 def build_net(arch, num_classes, device, precision):
@@ -85,7 +86,8 @@ def accuracy_of(curve, epochs, seeds, num_test):
 
 def train(data, hyp, device, precision, seed, net=None, epoch_eval=True, on_epoch=None):
     seeds = seed if isinstance(seed, dict) else source_seeds(seed)
-    epochs, labels = hyp['opt']['train_epochs'], data['test']['labels']
+    epochs = hyp['opt']['train_epochs']
+    labels = data['test']['labels']
     net = build_net(hyp['net'], len(data['classes']), device, precision) if net is None else net
     accuracy = accuracy_of(hyp['curve'], epochs, seeds, len(labels))
     if hyp['curve']['diverges']:  # weights not finite: one class for every image, chance

@@ -125,7 +125,8 @@ def test_every_tool_has_its_line_in_the_tools_readme():
 
 
 def test_readme_install_and_test_commands_are_what_ci_runs():
-    readme, ci = read('README.md'), read('.ci/run').splitlines()
+    readme = read('README.md')
+    ci = read('.ci/run').splitlines()
     commands = [line.strip() for line in readme.splitlines() if line.startswith('    ')]
     install = [c for c in commands if c.startswith('pip install')]
     test = [c for c in commands if c.startswith('python -m pytest')]

@@ -23,7 +23,8 @@ REAL_DATA_NAMES = {'REAL_DATA', 'AIRBENCH_REAL_DATA'}
 def called(node):
     """(module, name) or (None, name) of every call in node (but of the functions it defines
     itself, whose own calls are among its calls); and every name it reads."""
-    calls, names = set(), set()
+    calls = set()
+    names = set()
     local = {child.name for child in ast.walk(node)
              if isinstance(child, ast.FunctionDef) and child is not node}
     for child in ast.walk(node):
@@ -49,7 +50,8 @@ def is_slow_mark(node):
 def functions(sources):
     """{name: FunctionDef} of every top-level function of the sources, and the modules (by name)
     whose pytestmark is slow."""
-    found, slow_modules = {}, set()
+    found = {}
+    slow_modules = set()
     for module, source in sources.items():
         for node in ast.parse(source).body:
             if isinstance(node, ast.FunctionDef):
@@ -65,7 +67,8 @@ def heavy_functions(found):
     """The names of the functions (helpers, fixtures, tests) that start a process or read the real
     data, directly or through another of them (a fixed point over names: a helper is known by its
     name wherever it is imported)."""
-    heavy, uses = set(), {}
+    heavy = set()
+    uses = {}
     for key, node in found.items():
         calls, names = called(node)
         uses[key] = ({name for _, name in calls}, names, {arg.arg for arg in node.args.args})

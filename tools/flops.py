@@ -22,7 +22,6 @@ tensors, at the schedule its main() states (batch size, epochs, whitening-bias e
 Usage: python tools/flops.py [airbench94 ...] [--published PATH/cifar10_speedrun.py]
 """
 import argparse
-import importlib.util
 import math
 import os
 import re
@@ -32,19 +31,14 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+from studylib.scripts import load_script  # noqa: E402
 # The paper's figures, and for airbench94_muon the record's (its Newton-Schulz iterations add
 # about 0.001 PFLOPs, not counted here: 3 iterations of a few GFLOPs per step, 200 steps)
 PAPER_PFLOPS = {'airbench94': 0.36, 'airbench95': 1.4, 'airbench96': 7.2, 'airbench94_muon': 0.29,
                 'airbench96_faster': 3.1}
 TTA_VIEWS = {0: 1, 1: 2, 2: 6}
 META = torch.device('meta')
-
-
-def load_script(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, f'{name}.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def count_flops(fn):
@@ -87,7 +81,8 @@ def newton_schulz_flops(script, arch, steps):
               if p.ndim == 4 and p.requires_grad]
     iterations = script.hyp['opt']['newton_schulz_steps']
     if 'renormalization_steps' in vars(script):  # batched: the banks padded to the largest shape
-        rows, cols = max(r for r, _ in shapes), max(c for _, c in shapes)
+        rows = max(r for r, _ in shapes)
+        cols = max(c for _, c in shapes)
         per_step = count_flops(lambda: script.orthogonalize(
             torch.empty(len(shapes), rows, cols, device=META), iterations))
     else:
@@ -100,7 +95,8 @@ def run_flops(script, num_train=50000, num_test=10000, num_classes=10, probe_bat
     """FLOPs of one run: {'forward_per_image', 'exact', 'conventional', 'nominal', 'steps',
     'newton_schulz'}, and for a script with a proxy network its pass's share of them:
     'proxy_exact', 'proxy_conventional' and 'proxy_nominal'."""
-    opt, arch = script.hyp['opt'], script.hyp['net']
+    opt = script.hyp['opt']
+    arch = script.hyp['net']
     forward, step_with_bias, step_without_bias = network_flops(script, arch, num_classes,
                                                                probe_batch)
     steps_per_epoch = num_train // opt['batch_size']
@@ -119,7 +115,8 @@ def run_flops(script, num_train=50000, num_test=10000, num_classes=10, probe_bat
         proxy_forward, _, proxy_step = network_flops(script, script.hyp['proxy'], num_classes,
                                                      probe_batch)
         training_steps = math.ceil(steps / script.hyp['proxy']['step_every'])
-        forward_steps, trained_share = steps - training_steps, 1 / script.hyp['proxy']['step_every']
+        forward_steps = steps - training_steps
+        trained_share = 1 / script.hyp['proxy']['step_every']
         figures.update(
             proxy_exact=opt['batch_size'] * (forward_steps * proxy_forward
                                              + training_steps * proxy_step),
@@ -153,11 +150,13 @@ def published_flops(path, num_train=50000, num_test=10000, probe_batch=4):
     batch_size, epochs, whiten_bias_epochs = published_schedule(source)
     definitions, _, _, _ = reference.split_script(source, path)
     reference.redirect_cuda_to_cpu()
-    published, sys.argv = {'__name__': 'published'}, [path]  # it reads its own source at import
+    published = {'__name__': 'published'}  # it reads its own source at import
+    sys.argv = [path]
     exec(compile(definitions, path, 'exec'), published)
     net = published['CifarNet']()
     net.reset()
-    inputs, labels = torch.randn(probe_batch, 3, 32, 32), torch.randint(0, 10, (probe_batch,))
+    inputs = torch.randn(probe_batch, 3, 32, 32)
+    labels = torch.randint(0, 10, (probe_batch,))
     forward = count_flops(lambda: net(inputs)) / probe_batch
     step_with_bias, step_without_bias = (count_flops(lambda: torch.nn.functional.cross_entropy(
         net(inputs, whiten_bias_grad=trained), labels, reduction='sum').backward()) / probe_batch

@@ -77,6 +77,8 @@ import time
 import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+from studylib.scripts import repository_tail  # noqa: E402
 STUDY = os.path.join(REPO, 'study.py')
 EAGER = ['airbench94', 'airbench95', 'airbench96_faster', 'airbench96']
 COMPILED = ['airbench94_compiled', 'airbench94_muon', 'airbench94_hiverge']  # on CUDA
@@ -87,15 +89,17 @@ LABELS = {**{name: f'{name}.py' for name in SCRIPTS}, 'study': 'study.py, 1 proc
           'study-torchrun': 'study.py, 2 processes'}
 STUDY_RUNS = 2  # per configuration
 CONFIGS = ['--config', 'hiverge', '--config', 'muon', 'airbench94_muon']
+# The networks of a check of training, not of accuracy (the tests' too): the paper's shape, block2
+# the wider
 TINY_WIDTHS = {'block1': 8, 'block2': 16, 'block3': 16}
-# A script's main() with hyp entries set first (sys.argv[2], JSON), then its flags: a tiny item
-MAIN_WITH_HYP = """import importlib.util, json, sys
-spec = importlib.util.spec_from_file_location('airbench_script', sys.argv[1])
-script = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(script)
-for key, value in json.loads(sys.argv[2]).items():
-    group, name = key.split('.')
-    script.hyp[group][name] = value
+# A script's main() with hyp entries set first (sys.argv[2], JSON), then its flags: a tiny item, as
+# a user who edited hyp runs it (studylib's loader and setter)
+MAIN_WITH_HYP = f"""import json, sys
+sys.path.insert(0, {REPO!r})
+from studylib.hyp import with_entries
+from studylib.scripts import load_script
+script = load_script(sys.argv[1])
+script.hyp = with_entries(script.hyp, json.loads(sys.argv[2]))
 sys.exit(script.main(sys.argv[3:]))
 """
 TORCHRUN_VARIABLES = ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'GROUP_RANK',
@@ -175,20 +179,18 @@ def check_keep(keep):
                          'would be continued rather than run)')
 
 
-def is_image_folder(data_dir):
-    """The scripts' rule: train/ and test/ there make an image folder, else CIFAR-10's layout."""
-    return all(os.path.isdir(os.path.join(data_dir, split)) for split in ('train', 'test'))
-
-
-def tiny_hyp(device, tiny, script=None):
-    """The hyp entries of a short training: tiny (always on a CPU), narrow networks and batches of
-    32; else none."""
-    if not (tiny or device == 'cpu'):
-        return {}
+def tiny_hyp(script):
+    """The hyp entries of a short training of script: tiny networks (its proxy's too) in batches
+    of 32."""
     widths = {'net.widths': TINY_WIDTHS}
     if script == 'airbench96_faster':
         widths['proxy.widths'] = TINY_WIDTHS
     return {'opt.batch_size': 32, **widths}
+
+
+def item_hyp(device, tiny, script=None):
+    """An item's hyp entries: tiny_hyp where the settings are tiny (always on a CPU), else none."""
+    return tiny_hyp(script) if tiny or device == 'cpu' else {}
 
 
 def training_flags(device):
@@ -200,15 +202,15 @@ def script_command(name, device, data_dir, item_dir, tiny):
     """The script as a user runs it; with tiny settings, its main() on its module with those
     entries of hyp set, as a user who edited them (the scripts take no --hyp)."""
     path = os.path.join(REPO, f'{name}.py')
-    settings = tiny_hyp(device, tiny, name)
+    settings = item_hyp(device, tiny, name)
     program = [path] if not settings else ['-c', MAIN_WITH_HYP, path, json.dumps(settings)]
     return [sys.executable, *program, '--runs', '1', '--seed', '0', '--data-dir', data_dir,
             '--log-dir', os.path.join(item_dir, 'logs'), *training_flags(device)]
 
 
 def study_command(launcher, device, data_dir, item_dir, tiny):
-    folder = ['--dataset', 'folder'] * is_image_folder(data_dir)
-    hyp = [word for key, value in tiny_hyp(device, tiny).items()
+    folder = ['--dataset', 'folder'] * (repository_tail().image_folder_error(data_dir) is None)
+    hyp = [word for key, value in item_hyp(device, tiny).items()
            for word in ('--hyp', f'{key}={value!r}')]
     return [*launcher, STUDY, 'airbench94_hiverge', '--runs', str(STUDY_RUNS),
             '--study-dir', os.path.join(item_dir, 'study'), *CONFIGS, '--',
@@ -279,7 +281,8 @@ def error_line(text):
 def exception_line(text):
     """The first line of the last exception of the tracebacks in text that is not torchrun's own
     (its ChildFailedError follows a worker's traceback), or None."""
-    lines, found = text.splitlines(), []
+    lines = text.splitlines()
+    found = []
     for i, line in enumerate(lines):
         if line.startswith('Traceback (most recent call last):'):
             found += [next((after for after in lines[i + 1:] if after and not after[0].isspace()),
@@ -332,7 +335,8 @@ def script_outcome(item_dir):
 
 def study_outcome(item_dir):
     """(what went wrong or None, the detail): a study must be complete, every run recorded."""
-    study_dir, expected = os.path.join(item_dir, 'study'), 2 * STUDY_RUNS
+    study_dir = os.path.join(item_dir, 'study')
+    expected = 2 * STUDY_RUNS
     records = []
     for path in glob.glob(os.path.join(study_dir, 'runs', '*', '*.json')):
         if not path.endswith('.failed.json'):
@@ -408,14 +412,16 @@ def item_line(passed, name, seconds, details):
 
 def check_item(name, command, item_dir, args, cache):
     """Run one item and return its line and whether it passed."""
-    before, start = cache_files(cache), time.monotonic()
+    before = cache_files(cache)
+    start = time.monotonic()
     status, stdout, stderr = run_item(command, item_dir, args.timeout)
     seconds = time.monotonic() - start
     new_files = len(cache_files(cache) - before)
     if status == 0:
         problem, detail = (script_outcome if name in SCRIPTS else study_outcome)(item_dir)
     else:
-        problem, detail = first_error_line(status, stdout, stderr, args.timeout), ''
+        problem = first_error_line(status, stdout, stderr, args.timeout)
+        detail = ''
     details = [problem, detail, compile_note(new_files, compiles(name, args.devices[0]))]
     return item_line(problem is None, name, seconds, details), problem is None
 
@@ -427,7 +433,8 @@ def device_line(device, tiny, data_dir):
     where = f'{gpus} GPU{"s" * (gpus > 1)}: {", ".join(names)}' if gpus else \
         'no GPU used' if torch.cuda.is_available() else 'torch sees no GPU'
     settings = 'tiny settings' if tiny or device == 'cpu' else 'full networks'
-    layout = 'an image folder' if is_image_folder(data_dir) else "CIFAR-10's layout"
+    layout = 'an image folder' if repository_tail().image_folder_error(data_dir) is None else \
+        "CIFAR-10's layout"
     return (f'device {device} ({where}), torch {torch.__version__}, {settings}; data {data_dir} '
             f'({layout})')
 

@@ -224,14 +224,16 @@ def main():
     else:
         sys.exit(f'{path}: no make_net() or CifarNet, the networks this tool runs in our precision')
 
-    final_entries, print_details = [], script['print_training_details']
+    final_entries = []
+    print_details = script['print_training_details']
     def keep_final_entry(variables, is_final_entry):
         if is_final_entry:
             final_entries.append(variables)
         return print_details(variables, is_final_entry)
     script['print_training_details'] = keep_final_entry
 
-    results, script_main = [], script['main']
+    results = []
+    script_main = script['main']
     add_warmup = args.warmup and has_warmup and not calls_warmup
     def measured_main(run, *main_args, **main_kwargs):
         nonlocal add_warmup

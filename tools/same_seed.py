@@ -14,9 +14,7 @@ Usage: python tools/same_seed.py [SCRIPT ...] --data-dir DIR [--images 2000] [--
 (all seven scripts by default; exit status 1 when --compare finds a difference)
 """
 import argparse
-import copy
 import hashlib
-import importlib.util
 import json
 import os
 import sys
@@ -24,16 +22,11 @@ import sys
 import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPTS = ['airbench94', 'airbench94_compiled', 'airbench95', 'airbench96', 'airbench94_muon',
-           'airbench94_hiverge', 'airbench96_faster']
+sys.path.insert(0, REPO)
+from studylib.hyp import with_entries  # noqa: E402
+from studylib.scripts import available_scripts, load_script  # noqa: E402
+SCRIPTS = available_scripts()
 FIELDS = ['epoch_train_losses', 'val_acc', 'tta_val_acc', 'steps', 'state_sha256']
-
-
-def load_script(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, f'{name}.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def data_slice(data, images):
@@ -58,9 +51,9 @@ def state_hash(net):
 
 def fingerprint(module, data, seed, epochs, batch_size):
     """What one run of the script's train() computed, on the CPU in fp32."""
-    hyp = copy.deepcopy(module.hyp)
-    hyp['opt']['train_epochs'] = epochs
-    hyp['opt']['batch_size'] = min(hyp['opt']['batch_size'], batch_size)
+    hyp = with_entries(module.hyp, {'opt.train_epochs': epochs,
+                                    'opt.batch_size': min(module.hyp['opt']['batch_size'],
+                                                          batch_size)})
     result = module.train(data, hyp, torch.device('cpu'), 'fp32', seed)
     return dict(epoch_train_losses=result['epoch_train_losses'], val_acc=result['val_acc'],
                 tta_val_acc=result['tta_val_acc'], steps=result['steps'],

@@ -281,7 +281,8 @@ def logits_of(predictions, classes):
 def test_variance_streamed_over_runs_equals_the_arrays_and_grows_run_by_run(tmp_path,
                                                                           monkeypatch):
     study_dir = str(tmp_path / 'variance')
-    classes, examples = 5, 100
+    classes = 5
+    examples = 100
     rng = np.random.default_rng(3)
     labels = rng.integers(0, classes, examples)
     make_study(study_dir, {'a': config('a')}, 8, save_logits=True, classes=classes)
@@ -587,7 +588,8 @@ def test_epochs_plot_draws_no_law_where_none_fits_and_keeps_intervals_in_0_1(tmp
 
 def speedup_of(curves):
     """analysis.speedup_analysis of {base: {epochs: per-run accuracies}} as a study would hold it."""
-    configs, rows = {}, []
+    configs = {}
+    rows = []
     for base, curve in curves.items():
         for epochs, accuracies in curve.items():
             name = f'{base},train_epochs={epochs:g}'
@@ -625,7 +627,8 @@ def test_curves_whose_runs_share_seeds_are_paired():
     runs = synthetic_runs(4, 0.0015, seed=11)
     faster = {e: 1 - float(LAW.error_at(1.25 * e)) + np.random.default_rng(12).normal(0, 0.0015, 4)
               for e in EPOCHS}
-    configs, rows = {}, []
+    configs = {}
+    rows = []
     for base, curve in (('base', runs), ('fast', faster)):
         for epochs, accuracies in curve.items():
             name = f'{base},train_epochs={epochs:g}'

@@ -82,7 +82,7 @@ def finish(process, timeout=180):
 @pytest.fixture
 def study_main(monkeypatch):
     """study.main in this process, on a script module the test may instrument."""
-    study = load_script('study')
+    import study
     import studylib.scripts
     for key in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK'):
         monkeypatch.delenv(key, raising=False)
@@ -116,8 +116,10 @@ def test_two_processes_train_every_run_once_and_the_summary_is_scipys(image_fold
     assert summary['status'] == 'complete' and summary['runs_finished'] == 8
     accuracies = {c: [found[(c, run)]['accuracy'] for run in range(4)] for c in ('base', 'lr5')}
     for config, values in accuracies.items():
-        entry, n = summary['configs'][config], len(values)
-        mean, std = statistics.fmean(values), statistics.stdev(values)
+        entry = summary['configs'][config]
+        n = len(values)
+        mean = statistics.fmean(values)
+        std = statistics.stdev(values)
         half_width = stats.t.ppf(0.975, n - 1) * std / math.sqrt(n)
         t_above = (mean - 0.5) / (std / math.sqrt(n))
         times = [found[(config, run)]['total_time_seconds'] for run in range(4)]
@@ -137,7 +139,8 @@ def test_two_processes_train_every_run_once_and_the_summary_is_scipys(image_fold
         (cpu_times,) = entry['time_by_device'].values()
         assert cpu_times['mean'] == pytest.approx(statistics.fmean(times)) and cpu_times['n'] == 4
     (comparison,) = summary['comparisons']['comparisons']
-    ours, theirs = accuracies['lr5'], accuracies['base']
+    ours = accuracies['lr5']
+    theirs = accuracies['base']
     difference = statistics.fmean(ours) - statistics.fmean(theirs)
     variances = [statistics.variance(ours) / 4, statistics.variance(theirs) / 4]
     dof = sum(variances)**2 / sum(v**2 / 3 for v in variances)  # Welch-Satterthwaite
@@ -215,7 +218,8 @@ def test_two_nodes_on_localhost_complete_one_study(tmp_path):
     # each machine with its own copy of the data and no shared filesystem: only rank 0 writes DIR
     data_dirs = [write_image_folder(str(tmp_path / f'data{node}')) for node in (0, 1)]
     study_dirs = [tmp_path / f'study{node}' for node in (0, 1)]
-    port, flags = free_port(), ['--runs', '6', '--', *training()]
+    port = free_port()
+    flags = ['--runs', '6', '--', *training()]
     nodes = [two_node_launch(node, port, study_dirs[node], data_dirs[node], *flags)
              for node in (0, 1)]
     node0, node1 = [finish(node) for node in nodes]
@@ -268,7 +272,8 @@ def test_processes_that_see_different_data_are_refused(tmp_path):
 @pytest.mark.parametrize('vary', ['order', 'init', 'aug'])
 def test_varying_one_source_holds_the_others(vary, study_main, image_folder, tmp_path):
     script = load_script('airbench94')
-    initial_states, reinitialize = [], script.reinitialize
+    initial_states = []
+    reinitialize = script.reinitialize
 
     def recording_reinitialize(net, *switches):  # what train() starts from, after seeding the init
         reinitialize(net, *switches)
@@ -294,7 +299,8 @@ def test_varying_one_source_holds_the_others(vary, study_main, image_folder, tmp
 def test_a_subset_trains_on_its_masked_images_and_validation_is_held_out(
         study_main, image_folder, tmp_path):
     script = load_script('airbench94')
-    calls, train = [], script.train
+    calls = []
+    train = script.train
 
     def recording_train(data, *args, **kwargs):
         result = train(data, *args, **kwargs)
@@ -308,7 +314,8 @@ def test_a_subset_trains_on_its_masked_images_and_validation_is_held_out(
                        '--train-subset', '0.5', '--val-split', '64', '--',
                        *training(), '--data-dir', image_folder], script) == 0
     data = script.load_dataset(image_folder)
-    images, labels = data['train']['images'], data['train']['labels']
+    images = data['train']['images']
+    labels = data['train']['labels']
     held_out = json.load(open(study_dir / 'validation.json'))['indices']
     assert len(set(held_out)) == 64 and max(held_out) < len(labels)
     masks = []

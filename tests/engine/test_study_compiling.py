@@ -20,7 +20,6 @@ from conftest import REPO, free_port, load_script
 import test_study
 from test_study import finish, launch, records, study_main, training  # noqa: F401
 
-load_script('study')  # puts the repository on the path
 import studylib.compiling as compiling  # noqa: E402
 import studylib.scripts  # noqa: E402
 from studylib import analysis, markdown  # noqa: E402
@@ -99,7 +98,7 @@ def test_each_compiled_configuration_compiles_once_before_the_runs(
     (job, _), _ = jobs
     assert (job.script, job.device, job.precision, job.num_classes) == (
         compiled_stand_in, 'cpu', 'fp32', 4)
-    assert (job.num_eval, job.num_test, job.save_plain, job.epoch_eval) == (128, 128, True, False)
+    assert (job.num_eval, job.num_test, job.save_plain) == (128, 128, True)
     assert job.hyp['aug']['flip'] == 'alternating' and jobs[1][0].hyp['aug']['flip'] == 'random'
     found = compile_records(study_dir)
     before = [r for r in found if r.stage == compiling.STAGE]
@@ -198,7 +197,8 @@ def test_the_machines_processes_share_its_configurations(monkeypatch, local_rank
     monkeypatch.setattr(compiler, 'compiled_configs', lambda configs: configs)
     monkeypatch.setattr(compiling, 'enable_compile_caches', lambda: None)
     monkeypatch.setattr(compiling, 'usable_cores', lambda: 8)
-    jobs, waited = [], []
+    jobs = []
+    waited = []
     runner.device = torch.device('cpu')
     runner.device_model = 'a CPU'
     monkeypatch.setattr(compiler, 'job', lambda config: types.SimpleNamespace(config=config))

@@ -10,7 +10,7 @@ import pytest
 from conftest import REPO, load_script
 from test_study import records, record_files, study_main, study_summary, training  # noqa: F401
 
-study = load_script('study')
+import study  # noqa: E402
 from studylib import cli  # noqa: E402  (importable once study.py put the repository on the path)
 from studylib.config import Config  # noqa: E402
 

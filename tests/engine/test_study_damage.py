@@ -23,7 +23,7 @@ from conftest import REPO, load_script, write_image_folder
 from test_report import add_run, config, make_study
 from test_study import ENV, STUDY, records, study_main, study_summary  # noqa: F401
 
-load_script('study')  # puts the repository on the path
+import study  # noqa: E402
 import studylib.report  # noqa: E402
 from studylib import errors, files, tables  # noqa: E402
 from studylib.stats import variance  # noqa: E402
@@ -48,7 +48,7 @@ def pristine_study(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         for key in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK'):
             patch.delenv(key, raising=False)
-        assert load_script('study').main(argv(root / 'study', image_folder)) == 0
+        assert study.main(argv(root / 'study', image_folder)) == 0
     return root / 'study', image_folder
 
 

@@ -12,10 +12,9 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO, above_the_banner, load_script
+from conftest import REPO
 from test_study import records, study_main, study_summary, training  # noqa: F401
 
-load_script('study')  # puts the repository on the path
 import studylib.looks  # noqa: E402
 import studylib.report  # noqa: E402
 import studylib.scripts  # noqa: E402
@@ -152,7 +151,8 @@ def test_a_study_made_by_the_study_py_of_before_opens_and_continues(study_main, 
                                   'data']]
     before = {key: json.dumps(record, sort_keys=True) for key, record in records(study_dir).items()}
     # its airbench94 is that of its commit: give it today's code and hyp, the format kept
-    script, flags = open_script('airbench94'), parse_flags([*training(), '--data-dir', image_folder])
+    script = open_script('airbench94')
+    flags = parse_flags([*training(), '--data-dir', image_folder])
     for name, config in saved['configs'].items():
         config['script_sha256'] = script.sha256
         config['hyp'] = as_json(config_hyp(script.method.hyp, script.method.HYP_CHOICES,
@@ -191,33 +191,32 @@ def test_a_study_json_of_another_shape_is_refused_saying_how_to_continue(study_m
                     'use another --study-dir')
 
 
-def test_a_copy_that_defines_only_its_method_trains_as_the_script(study_main, image_folder,
-                                                                  tmp_path):
+@pytest.mark.parametrize('name, signature, message', [
+    ('infer', None, 'lacks infer, which study.py needs: a copy defines the method (hyp, '
+     'HYP_CHOICES, HYP_RANGES, train, build_net, infer, CifarLoader, source_seeds: a script\'s '
+     'part above the banner), and needs nothing below it'),
+    ('source_seeds', None, 'lacks source_seeds, which study.py needs'),
+    ('train', 'def train(data, hyp, device, seed, precision, net=None, epoch_eval=True):',
+     ': its train takes (data, hyp, device, seed, precision, net, epoch_eval) first, where '
+     'study.py passes (data, hyp, device, precision, seed, net, epoch_eval)'),
+    ('infer', 'def infer(net, images, autocast, tta_level, batch_size=2000):',
+     ': its infer takes (net, images, autocast, tta_level) first')])
+def test_a_copy_that_lacks_its_method_or_takes_other_parameters_is_refused_in_one_line(
+        study_main, image_folder, tmp_path, capsys, name, signature, message):
+    """A copy without a name of METHOD_API (renamed here) or whose function takes other
+    parameters: refused before anything is made, in one line naming what it lacks or takes."""
+    source = open(STAND_IN).read()
+    start = source.index(f'def {name}(')
+    end = source.index('\n', source.index('):', start))
     copy = tmp_path / 'mine.py'
-    copy.write_text(above_the_banner(open(os.path.join(REPO, 'airbench94.py')).read()))
-    study_dir = tmp_path / 'study'
-    assert study_main(['airbench94', '--runs', '1', '--study-dir', str(study_dir), '--config',
-                       'script', '--config', 'copy', str(copy), '--', *training(),
-                       '--data-dir', image_folder]) == 0
-    found = records(study_dir)
-    for key in ('accuracy', 'epoch_train_losses', 'seeds', 'steps'):  # bitwise on the CPU
-        assert found[('copy', 0)][key] == found[('script', 0)][key]
-    assert found[('copy', 0)]['script'] == str(copy)
-
-
-@pytest.mark.parametrize('removed, missing', [
-    ('def infer(', 'infer'), ('def source_seeds(', 'source_seeds')])
-def test_a_copy_with_less_than_its_method_is_refused_naming_what_it_lacks(
-        removed, missing, study_main, image_folder, tmp_path, capsys):
-    source = above_the_banner(open(STAND_IN).read())
-    copy = tmp_path / 'less.py'
-    copy.write_text(source.replace(removed, '# ' + removed, 1))
+    if signature is None:
+        copy.write_text(source.replace(f'def {name}(', f'def no_{name}(', 1))
+    else:
+        copy.write_text(source[:start] + signature + source[end:])
     assert study_main([str(copy), '--runs', '1', '--study-dir', str(tmp_path / 'study'), '--',
                        *QUICK, '--data-dir', image_folder]) == 1
     (line,) = capsys.readouterr().err.splitlines()
-    assert line == (f'error: {copy} lacks {missing}, which study.py needs: a copy defines the '
-                    'method (hyp, HYP_CHOICES, HYP_RANGES, train, build_net, infer, CifarLoader, '
-                    'source_seeds: a script\'s part above the banner), and needs nothing below it')
+    assert line.startswith(f'error: {copy}') and message in line
     assert not (tmp_path / 'study').exists()
 
 
@@ -316,28 +315,6 @@ def test_a_report_that_fails_leaves_the_outcome_and_closes_the_lock(
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
-def test_studylib_meets_a_script_only_through_its_method():
-    """The engine holds a loaded script as its method (Script.method: METHOD_API's names and no
-    other, so a copy of the method alone is enough, and the data and device are the study's):
-    another name of the module raises, and no module of studylib reads a script's module."""
-    import ast
-    import glob
-    import dataclasses
-    from studylib.scripts import METHOD_API, Method, open_script
-    method = open_script('airbench94').method
-    assert [field.name for field in dataclasses.fields(Method)] == list(METHOD_API)
-    with pytest.raises(AttributeError):
-        method.main  # below the banner: not the engine's
-    used = set()
-    for path in glob.glob(os.path.join(REPO, 'studylib', '*.py')):
-        for node in ast.walk(ast.parse(open(path).read())):
-            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute):
-                assert node.value.attr != 'module', f'{os.path.basename(path)}:{node.lineno}'
-                if node.value.attr == 'method':
-                    used.add(node.attr)
-    assert used and used <= set(METHOD_API), used - set(METHOD_API)
-
-
 def test_every_file_of_a_study_is_a_path_that_studydir_names(study_main, image_folder, tmp_path):
     """files.StudyDir knows the study directory's layout: after a launch with every optional file
     (saved logits, a validation split, a damaged record set aside, two launches, the report with
@@ -406,30 +383,12 @@ def test_a_script_of_only_what_method_api_names_runs_a_study(study_main, image_f
     assert outputs['logits'].shape == (128, 4)
 
 
-@pytest.mark.parametrize('name, wrong, message', [
-    ('train', 'def train(data, hyp, device, seed, precision, net=None, epoch_eval=True):',
-     'its train takes (data, hyp, device, seed, precision, net, epoch_eval) first, where study.py '
-     'passes (data, hyp, device, precision, seed, net, epoch_eval)'),
-    ('infer', 'def infer(net, images, autocast, tta_level, batch_size=2000):',
-     'its infer takes (net, images, autocast, tta_level) first')])
-def test_a_copy_whose_method_takes_other_parameters_is_refused_naming_them(
-        study_main, image_folder, tmp_path, capsys, name, wrong, message):
-    source = open(STAND_IN).read()
-    start = source.index(f'def {name}(')
-    end = source.index('\n', source.index('):', start))
-    copy = tmp_path / 'mine.py'
-    copy.write_text(source[:start] + wrong + source[end:])
-    assert study_main([str(copy), '--runs', '1', '--study-dir', str(tmp_path / 'study'), '--',
-                       *QUICK, '--data-dir', image_folder]) == 1
-    (line,) = capsys.readouterr().err.splitlines()
-    assert line.startswith(f'error: {copy}: ') and message in line
-
-
 class NamesRead:
     """A module whose every attribute read is written down."""
 
     def __init__(self, module, names):
-        self._module, self._names = module, names
+        self._module = module
+        self._names = names
 
     def __getattr__(self, name):
         self._names.add(name)
@@ -438,12 +397,15 @@ class NamesRead:
 
 def test_a_study_reads_only_the_method_of_its_script(study_main, image_folder, tmp_path,
                                                      monkeypatch):
-    """The same as it runs: a whole study (warmup, a run, the report) reads from its script's
-    module the names of METHOD_API and no other."""
+    """The engine holds a loaded script as its Method (METHOD_API's names, no other: a copy of
+    the method alone is enough), and a whole study (warmup, a run, the report) reads from it
+    those names and no other."""
     import dataclasses
     import studylib.plan
-    from studylib.scripts import METHOD_API
-    names, open_script = set(), studylib.plan.open_script
+    from studylib.scripts import METHOD_API, Method
+    assert [field.name for field in dataclasses.fields(Method)] == list(METHOD_API)
+    names = set()
+    open_script = studylib.plan.open_script
 
     def recorded(label):
         script = open_script(label)

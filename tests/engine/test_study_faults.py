@@ -21,7 +21,6 @@ from conftest import REPO, descendants, free_port, load_script
 from test_study import (finish, launch, record_files, records, study_main, study_summary,  # noqa
                         trained, training, wait_for)
 
-load_script('study')  # puts the repository on the path
 from studylib import distribute  # noqa: E402
 from studylib.collect import Collector  # noqa: E402
 from studylib.plan import Plan  # noqa: E402
@@ -49,7 +48,8 @@ def worker(launchers, rank):
 
 def launchers_for(topology, study_dir, data_dir):
     """torchrun with 2 restarts: one node with two processes, or two nodes of one on localhost."""
-    port, restarts = free_port(), '--max-restarts=2'
+    port = free_port()
+    restarts = '--max-restarts=2'
     if topology == 'one node':
         return [launch('airbench94', '--study-dir', str(study_dir), *RUNS, '--data-dir', data_dir,
                        launcher=['--nproc_per_node=2', restarts, f'--master-port={port}'])]
@@ -128,7 +128,8 @@ def test_the_holder_of_a_lease_alone_is_written(tmp_path):
     b = dataclasses.replace(distribute.World.of_environment(store), token='b-token')
     plan = Plan(launch='x', jobs=(('c', 0),), total=1, finished=0, environment={}, notes=(),
                 data='')
-    queue_a, queue_b = distribute.Queue(a, 1, lost_after=60), distribute.Queue(b, 1, lost_after=60)
+    queue_a = distribute.Queue(a, 1, lost_after=60)
+    queue_b = distribute.Queue(b, 1, lost_after=60)
     assert queue_a.claim() == (0, 1)
     assert queue_b.claim() is None  # A is alive: nothing to take
     store.set(f'dead/{a.token}', '1')  # as A's successor says when torchrun replaces it
@@ -294,7 +295,9 @@ class FlakyStore:
     """A store that fails every few calls, as a dropped connection does."""
 
     def __init__(self, store, every):
-        self.store, self.every, self.calls = store, every, 0
+        self.store = store
+        self.every = every
+        self.calls = 0
 
     def __getattr__(self, name):
         def call(*args):
@@ -325,8 +328,10 @@ def test_a_dropped_tcp_connection_is_made_again():
 
     def pump(source, target):
         try:
-            while data := source.recv(65536):
+            data = source.recv(65536)
+            while data:
                 target.sendall(data)
+                data = source.recv(65536)
         except OSError:
             pass
 

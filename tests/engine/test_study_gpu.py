@@ -17,7 +17,6 @@ from conftest import REPO, load_script
 from cuda_stand_in import GPU_NAME, cuda_stand_in, needs_cuda_build
 from test_study import records, study_main, training  # noqa: F401
 
-load_script('study')  # puts the repository on the path
 import studylib.runs  # noqa: E402
 import studylib.scripts  # noqa: E402
 from studylib import cli  # noqa: E402

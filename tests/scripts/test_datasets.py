@@ -2,16 +2,17 @@
 image folders of several splits, cached), and reproducible runs."""
 import inspect
 import os
+import types
 
 import pytest
 import torch
 
-from conftest import (CPU, QUICK, QUICK_HYP, load_script, run_script, summary_of, tiny_dataset,
-                      with_hyp, write_image_folder)
+from conftest import CPU, tiny_dataset, write_image_folder
+from studylib.hyp import with_entries
 
-load_script('study')  # puts the repository on the path
 import studylib.data  # noqa: E402
-from studylib.data import CIFAR10_MEAN, CIFAR10_STD, load_study_data  # noqa: E402
+import studylib.runs  # noqa: E402
+from studylib.data import load_study_data  # noqa: E402
 from studylib.cli import parse_flags  # noqa: E402
 from studylib.hyp import config_hyp  # noqa: E402
 
@@ -22,7 +23,7 @@ def test_class_count_comes_from_the_data_and_sets_the_head(ab94, tmp_path):
     data = ab94.load_dataset(root)
     assert data['classes'] == [f'class_{i}' for i in range(7)]
     assert load_study_data('folder', root)['classes'] == data['classes']
-    result = ab94.train(data, with_hyp(ab94.hyp, opt__batch_size=7, opt__train_epochs=1), CPU,
+    result = ab94.train(data, with_entries(ab94.hyp, {'opt.batch_size': 7, 'opt.train_epochs': 1}), CPU,
                         'fp32', seed=0, epoch_eval=False)
     assert result['net'][-2].out_features == 7
 
@@ -31,12 +32,12 @@ def test_normalization_constants_for_cifar10_and_computed_otherwise(ab94, image_
     """study.py: CIFAR-10's constants for --dataset cifar10, else the training set's; the scripts:
     an image folder's own statistics, whatever it holds."""
     as_cifar10 = load_study_data('cifar10', image_folder)
-    assert as_cifar10['mean'] == CIFAR10_MEAN and as_cifar10['std'] == CIFAR10_STD
+    assert as_cifar10['mean'] == ab94.CIFAR10_MEAN and as_cifar10['std'] == ab94.CIFAR10_STD
     as_folder = load_study_data('folder', image_folder)  # the cache is rebuilt: another dataset
     pixels = as_folder['train']['images'].double().div(255).reshape(-1, 3)
     assert as_folder['mean'] == pytest.approx(tuple(pixels.mean(0).tolist()))
     assert as_folder['std'] == pytest.approx(tuple(pixels.std(0).tolist()))
-    assert as_folder['mean'] != pytest.approx(CIFAR10_MEAN, abs=1e-3)
+    assert as_folder['mean'] != pytest.approx(ab94.CIFAR10_MEAN, abs=1e-3)
     cached = torch.load(os.path.join(image_folder, 'airbench_cache.pt'), weights_only=True)
     assert cached['mean'] == as_folder['mean']  # the statistics are cached with the data
     scripts = ab94.load_dataset(image_folder)
@@ -92,30 +93,18 @@ def test_the_default_data_directory_is_named_by_the_dataset_and_no_other_is_chan
         '/mnt/DATASETS/x'
 
 
-@pytest.mark.slow
-def test_same_seed_same_results_different_seed_different(image_folder, tmp_path):
-    outcomes = []
-    for seed in ('11', '11', '12'):
-        log_dir = tmp_path / f'logs{len(outcomes)}'
-        result = run_script('airbench94', '--data-dir', image_folder, '--runs', '2', '--seed', seed,
-                            '--log-dir', str(log_dir), *QUICK, '--epochs', '1', hyp=QUICK_HYP)
-        assert result.returncode == 0, result.stderr
-        runs = summary_of(log_dir)['runs']
-        outcomes.append([(r['seed'], r['tta_val_acc'], r['epoch_train_losses']) for r in runs])
-    assert outcomes[0] == outcomes[1]  # bitwise: the same floats, not merely close
-    assert outcomes[0][0][2] != outcomes[0][1][2]  # the two runs of a study differ (seeds 11, 12)
-    assert outcomes[2][0] == outcomes[0][1]  # a study from seed 12 starts where seed 11's second run did
-
-
-def test_the_warmups_dummy_test_set_takes_the_batch_sizes_infer_meets(ab94):
+def test_the_warmups_test_set_takes_the_batch_sizes_infer_meets(ab94):
     """One full batch of infer's default size and the rest, as the real test set; a copy whose
     infer has no default batch_size warms up on the whole split at once."""
-    dummy = studylib.data.dummy_dataset(ab94.infer, 10, 16, 2100, CPU)
+    data, test_images = studylib.runs.warmup_inputs(ab94, ab94.hyp, 10, 2100, 0, (0.5,) * 3,
+                                                    (0.25,) * 3, 'fp32', CPU)
     eval_batch = inspect.signature(ab94.infer).parameters['batch_size'].default
-    assert len(dummy['test']['labels']) == eval_batch + 2100 % eval_batch
-    assert len(dummy['train']['labels']) == 32
+    assert len(data['test']['labels']) == eval_batch + 2100 % eval_batch and test_images is None
+    assert len(data['train']['labels']) == 2 * ab94.hyp['opt']['batch_size']
 
     def infer_of_a_copy(net, images, tta_level, autocast):
         return net(images)
-    dummy = studylib.data.dummy_dataset(infer_of_a_copy, 10, 16, 2100, CPU)
-    assert len(dummy['test']['labels']) == 2100
+    copy = types.SimpleNamespace(infer=infer_of_a_copy, CifarLoader=ab94.CifarLoader)
+    data, test_images = studylib.runs.warmup_inputs(copy, ab94.hyp, 10, 2100, 300, (0.5,) * 3,
+                                                    (0.25,) * 3, 'fp32', CPU)
+    assert len(data['test']['labels']) == 2100 and test_images.shape == (300, 3, 32, 32)

@@ -13,9 +13,9 @@ import tempfile
 import pytest
 import torch
 
-from conftest import REPO, load_tool, write_image_folder
+from conftest import REPO, write_image_folder
 
-gpu_check = load_tool('gpu_check')
+import gpu_check  # noqa: E402
 FIXTURES = os.path.join(REPO, 'tests', 'fixtures', 'gpu_check')
 TOOL = os.path.join(REPO, 'tools', 'gpu_check.py')
 
@@ -128,7 +128,8 @@ def test_the_commands_on_cuda(gpus, shared, tmp_path):
         assert values(command, '--device') == ['cuda'] and values(command, '--epochs') == ['4']
         assert '--no-warmup' not in command and '--hyp' not in command  # full networks, warmed
         assert values(command, '--log-dir') == [str(tmp_path / name / 'logs')]
-    study, torchrun = made['study'], made['study-torchrun']
+    study = made['study']
+    torchrun = made['study-torchrun']
     assert study[:2] == [sys.executable, gpu_check.STUDY]  # world size 1
     assert torchrun[:5] == [sys.executable, '-m', 'torch.distributed.run', '--standalone',
                             '--nproc_per_node=2']
@@ -187,8 +188,8 @@ def test_tiny_on_cuda_keeps_the_cuda_recipe():
     flags = gpu_check.training_flags('cuda:0')
     assert values(flags, '--device') == ['cuda:0'] and values(flags, '--epochs') == ['4']
     assert '--precision' not in flags
-    assert gpu_check.tiny_hyp('cuda:0', tiny=True)['opt.batch_size'] == 32
-    assert gpu_check.tiny_hyp('cuda:0', tiny=False) == {}
+    assert gpu_check.item_hyp('cuda:0', tiny=True)['opt.batch_size'] == 32
+    assert gpu_check.item_hyp('cuda:0', tiny=False) == {}
 
 
 # The items

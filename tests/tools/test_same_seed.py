@@ -7,9 +7,9 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import load_tool, tiny_dataset
+from conftest import tiny_dataset
 
-same_seed = load_tool('same_seed')
+import same_seed  # noqa: E402
 
 
 def fingerprints(**scripts):
