@@ -19,7 +19,7 @@ Changes relative to airbench96.py (line by line: docs/layout.md): the proxy's pa
 epochs, blocks of two or three convolutions, and the record's hyp (45 epochs, weight decay 0.012,
 widths 128/384/512, the lr's peak at 10% of the steps and its end at 0). Where the record departs
 from airbench96, ours follows the record, and from the record's weights and batches trains as it
-does (tools/record_equivalence.py; docs/cpu.md).
+does (docs/cpu.md: its equivalence check, of commit 941a02a).
 
 Run: python airbench96_faster.py --runs 5 --data-dir data/cifar10 (see --help). Importing it only
 defines things: the method, then below the banner "Running the script" what runs it (alike in all
