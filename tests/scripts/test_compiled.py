@@ -1,10 +1,12 @@
-"""airbench94_compiled: the same training as airbench94, every graph compiled in the warmup, with
-static shapes. Compilation takes minutes on a CPU: the slow tier."""
+"""The scripts compiled on CUDA: airbench94_compiled trains as airbench94 does; in it and in the
+Muon scripts every graph is static and compiled in the warmup. Compilation takes minutes on a CPU:
+the slow tier."""
 import pytest
 import torch
+from torch import nn
 
-from conftest import (QUICK, QUICK_HYP, in_fp32, load_script, narrow, record_compiled_graphs,
-                      set_hyp, summary_of, tiny_dataset, warm_up_as_on_cuda)
+from conftest import (QUICK, QUICK_HYP, TINY_WIDTHS, in_fp32, load_script, record_compiled_graphs,
+                      set_hyp, summary_of, tiny_dataset, tiny_hyp, warm_up_as_on_cuda)
 
 # Pinned to fp32: compiled kernels sum in another order than eager ones, so each op's result can
 # differ in the last bits (~1e-7 relative); over these 4 epochs the per-epoch mean losses differed
@@ -22,12 +24,12 @@ def test_compiled_matches_eager(image_folder, tmp_path, monkeypatch):
     for name in ('airbench94', 'airbench94_compiled'):
         script = load_script(name)
         in_fp32(monkeypatch, script)
-        set_hyp(monkeypatch, script, QUICK_HYP, narrow(name, 16))
+        set_hyp(monkeypatch, script, tiny_hyp(name), QUICK_HYP)
         assert script.main(['--data-dir', image_folder, '--runs', '2', '--seed', '7',
                             '--log-dir', str(tmp_path / name), *QUICK]) == 0
         outcomes[name] = summary_of(tmp_path / name)
-    eager, compiled = outcomes['airbench94'], outcomes['airbench94_compiled']
-    for eager_run, compiled_run in zip(eager['runs'], compiled['runs']):
+    for eager_run, compiled_run in zip(outcomes['airbench94']['runs'],
+                                       outcomes['airbench94_compiled']['runs']):
         assert eager_run['seed'] == compiled_run['seed']
         for a, b in zip(eager_run['epoch_train_losses'], compiled_run['epoch_train_losses']):
             assert abs(a - b) <= LOSS_RTOL * abs(a)
@@ -38,45 +40,63 @@ def test_compiled_matches_eager(image_folder, tmp_path, monkeypatch):
 # (and flip-only TTA, the quicker)
 ABLATIONS = {'net.whiten': False, 'net.identity_init': False, 'opt.lookahead_every': 0,
              'opt.sampling': 'replacement', 'opt.bias_scaler': 1, 'net.tta_level': 1}
+# The scalars of Muon's whole step (one graph): its lr; airbench94_hiverge's renormalization too
+STEP_SCALARS = {'airbench94_compiled': None, 'airbench94_muon': 1, 'airbench94_hiverge': 2}
 
 
-@pytest.mark.parametrize('settings, epochs, training_graphs', [({}, 4, 2), (ABLATIONS, 2, 1)])
-def test_every_graph_static_and_compiled_in_the_warmup(tmp_path, monkeypatch, settings, epochs,
-                                                        training_graphs):
-    """Evaluation batches of two sizes (2000 and a remainder) and the whitening-bias freeze: with
-    dynamo's automatic dynamic shapes the second size met would recompile the graph with a symbolic
-    batch size. A recording backend sees each graph's example inputs. Each graph of the network is
-    the whole network, from the images on (torch versions before 2.14 split net.compile()'s network
-    into one graph per block: docs/tests.md, "Torch versions"): training's, with its loss, one per
-    whitening-bias state (trainable, frozen); evaluation's one per batch size, the same before and
-    after the freeze (evaluated with the bias frozen), and TTA's views in it; one more graph, the
-    augmentation's, serves any number of images (the warmup's 64, the run's 128)."""
+@pytest.mark.parametrize('name, entries, num_test, epochs, network', [
+    # training's batches of 32 (trainable, frozen), evaluation's 2000 and 100
+    ('airbench94_compiled', {}, 2100, 4, [32, 32, 2000, 100]),
+    ('airbench94_compiled', ABLATIONS, 2100, 2, [32, 2000, 100]),
+    # evaluation's one batch, before and after the freeze
+    ('airbench94_muon', {'opt.whiten_bias_epochs': 1}, 64, 2, [32, 32, 64]),
+    # also the selective TTA's views of 500 and of the remainder's quarter; with 1.5 epochs of
+    # the bias's training an epoch's evaluation comes before the freeze
+    ('airbench94_hiverge', {}, 2100, 2, [32, 32, 2000, 100, 6 * 500, 6 * 100 // 4]),
+    ('airbench94_hiverge', {'opt.whiten_bias_epochs': 1.5}, 4100, 2,
+     [32, 32, 2000, 100, 6 * 500, 6 * 100 // 4])])
+def test_every_graph_static_and_compiled_in_the_warmup(name, entries, num_test, epochs, network,
+                                                        tmp_path, monkeypatch):
+    """What compiles on CUDA, forced on the CPU (main()'s full warmup, compiles()), recorded by a
+    backend that runs each graph eagerly: every graph in the warmup, none in the timed run (on
+    another number of training images), each once. Static shapes: with dynamo's automatic dynamic
+    shapes a batch size met second (evaluation's remainder, say) would recompile a graph with a
+    symbolic one. Each graph of the network is the whole network from the images on (torch
+    versions before 2.14 split net.compile()'s network into one graph per block: docs/tests.md,
+    "Torch versions"): training's with its loss, one per whitening-bias state; evaluation's one per
+    batch size, the same before and after the freeze (evaluated with the bias frozen), TTA's views
+    in it. One more graph, the augmentation's, serves any number of images (the warmup's 64, the
+    run's 128); and one Muon's whole step."""
     torch._dynamo.reset()  # graphs of earlier tests would count toward dynamo's recompile limit
-    compiled = load_script('airbench94_compiled')
+    script = load_script(name)
     graphs = record_compiled_graphs(monkeypatch)
-    warmed = warm_up_as_on_cuda(monkeypatch, compiled, graphs)
+    monkeypatch.setattr(script, 'compiles', lambda device: True, raising=False)
+    warmed = warm_up_as_on_cuda(monkeypatch, script, graphs)
     data = tiny_dataset(per_class=64)
-    test = tiny_dataset(per_class=1050)['train']  # 2100 test images: batches of 2000 and 100
-    monkeypatch.setattr(compiled, 'load_dataset', lambda *args, **kwargs: {**data, 'test': test})
-    in_fp32(monkeypatch, compiled)
-    set_hyp(monkeypatch, compiled, {'opt.batch_size': 32}, narrow('airbench94_compiled', 16),
-            settings)
-    code = compiled.main(['--runs', '1', '--seed', '0', '--epochs', str(epochs), '--device', 'cpu',
-                          '--log-dir', str(tmp_path)])
-    assert code == 0
-    summary = summary_of(tmp_path)
-    hyp = summary['hyp']
-    assert (hyp['net']['whiten'], hyp['opt']['lookahead_every']) == ((False, 0) if settings else
-                                                                     (True, 5))
-    assert warmed == [len(graphs)] and len(graphs) == training_graphs + 3  # none when timed
+    test = tiny_dataset(per_class=num_test // 2)['train']
+    monkeypatch.setattr(script, 'load_dataset', lambda *args, **kwargs: {**data, 'test': test})
+    in_fp32(monkeypatch, script)
+    set_hyp(monkeypatch, script, tiny_hyp(name), entries)
+    assert script.main(['--runs', '1', '--seed', '0', '--epochs', str(epochs), '--device', 'cpu',
+                        '--log-dir', str(tmp_path)]) == 0
+    scalars = STEP_SCALARS[name]
+    assert warmed == [len(graphs)]  # none compiled when timed
+    assert len(graphs) == len(network) + 1 + (scalars is not None)
     augmentation = [shapes for shapes in graphs if (64, 3, 36, 36) in shapes]
     assert len(augmentation) == 1  # the warmup's 64 padded training images
-    graphs = [shapes for shapes in graphs if shapes not in augmentation]
+    arch = script.hyp['net']
+    net = script.make_net(TINY_WIDTHS, 2, arch['batchnorm_momentum'], arch['scaling_factor'])
+    banks = [tuple(m.weight.shape) for m in net.modules()
+             if isinstance(m, nn.Conv2d) and m.kernel_size == (3, 3)]
+    # Muon's step: the banks' weights, gradients and momentum buffers, and its scalars
+    steps = [shapes for shapes in graphs if sorted(shapes) == sorted(banks * 3 + [()] * (
+        scalars or 0))]
+    assert len(steps) == (scalars is not None)
+    graphs = [shapes for shapes in graphs if shapes not in augmentation + steps]
     images = [[shape for shape in shapes if shape[1:] == (3, 32, 32)] for shapes in graphs]
     assert all(len(batch) == 1 for batch in images)  # every graph starts from the images
-    # training's batches of 32 (with their labels), then evaluation's 2000 and 100, each once
-    assert sorted(batch[0][0] for batch in images) == [32] * training_graphs + [100, 2000]
-    assert [(32,) in shapes for shapes in graphs].count(True) == training_graphs
+    assert sorted(batch[0][0] for batch in images) == sorted(network)
+    assert [(32,) in shapes for shapes in graphs].count(True) == network.count(32)  # labels
     symbolic = [size for shapes in graphs for shape in shapes for size in shape
                 if isinstance(size, torch.SymInt)]
     assert symbolic == []

@@ -1,20 +1,17 @@
 """airbench96_faster.py's own method: the endless loader, the proxy's selection (exactly the masked
 count per batch, the highest losses), the proxy and the main network seeing the same batches in the
-same order, the schedules, the proxy's seed, FLOPs, and its CUDA path. What it shares with
-airbench94 is checked there once (tests/scripts/test_layout.py proves the blocks identical); the checks
-that conftest.SCRIPTS runs for every script are run here on it, at small widths where they train,
-to keep the suite short."""
+same order, the schedules, the proxy's seed, the switches, and a run of the script. What it shares
+with airbench94 is checked there once (tests/scripts/test_layout.py proves the blocks identical);
+the per-script checks (test_method.py, test_layout.py, test_cuda_path.py, test_flops.py) run on it
+with the other scripts'."""
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-import test_layout
-import test_method
-from conftest import (CPU, FAKE_CUDA, QUICK, QUICK_HYP, load_script, load_tool,
-                      needs_cpu_fp16_padding, needs_fake_cuda, run_script, summary_of,
-                      tiny_dataset, with_hyp)
+from conftest import CPU, QUICK, QUICK_HYP, load_script, run_script, summary_of, tiny_dataset
+from studylib.hyp import with_entries
 
 NAME = 'airbench96_faster'
 
@@ -24,10 +21,11 @@ def faster():
     return load_script(NAME)
 
 
-def small(hyp, **settings):
+def small(hyp, entries=None):
     """hyp at small widths (the method unchanged), for tests that train."""
-    return with_hyp(hyp, **{'net__widths': {'block1': 16, 'block2': 16, 'block3': 16},
-                            'proxy__widths': {'block1': 8, 'block2': 8, 'block3': 8}, **settings})
+    return with_entries(hyp, {'net.widths': {'block1': 16, 'block2': 16, 'block3': 16},
+                              'proxy.widths': {'block1': 8, 'block2': 8, 'block3': 8},
+                              **(entries or {})})
 
 
 def id_images(n):
@@ -54,7 +52,8 @@ def test_hyperparameters_are_the_records(faster):
 
 # ----------------------------------------- The loader ------------------------------------------
 def test_the_stream_runs_across_epochs_and_every_pass_repeats_it(faster):
-    n, batch_size = 100, 32  # 3 batches per epoch and 4 images over: batches cross epochs
+    n = 100  # 3 batches of 32 per epoch and 4 images over: batches cross epochs
+    batch_size = 32
     images, ids = id_images(n)
     generators = [torch.Generator().manual_seed(seed) for seed in (1, 2)]
     loader = faster.CifarLoader(images, ids, batch_size, (0.0,) * 3, (1 / 255,) * 3,
@@ -75,26 +74,6 @@ def test_the_stream_runs_across_epochs_and_every_pass_repeats_it(faster):
             :, 1, 0, 0].round().long(), labels)
 
 
-def test_alternating_flip_alternates_along_the_stream(faster):
-    n = 100
-    images = torch.zeros(n, 32, 32, 3, dtype=torch.uint8)
-    images[:, :, :16] = 255  # a flip shows as a sign change
-    loader = faster.CifarLoader(images, torch.arange(n), 32, (0.5,) * 3, (0.5,) * 3,
-                                {'flip': 'alternating', 'translate': 0, 'cutout': 0},
-                                torch.float32, torch.Generator().manual_seed(0),
-                                torch.Generator().manual_seed(1))
-    batches = [batch for _, batch in zip(range(12), loader)]  # 384 images: 3 epochs and more
-    flipped = torch.cat([images[:, 0, 0, 0] < 0 for images, _ in batches])
-    ids = torch.cat([labels for _, labels in batches])
-    by_epoch = []
-    for epoch in range(3):
-        orientation = torch.empty(n, dtype=torch.bool)
-        orientation[ids[epoch * n:(epoch + 1) * n]] = flipped[epoch * n:(epoch + 1) * n]
-        by_epoch.append(orientation)
-    assert 0.3 < by_epoch[0].float().mean().item() < 0.7
-    assert torch.all(by_epoch[0] != by_epoch[1]) and torch.all(by_epoch[1] != by_epoch[2])
-
-
 # --------------------------------------- The selection -----------------------------------------
 def test_hardest_examples_are_the_highest_losses_in_batch_order(faster):
     generator = torch.Generator().manual_seed(0)
@@ -113,7 +92,9 @@ def record_training(faster, monkeypatch, hyp, seed=0, data=None):
     outputs and grad mode, its selections, and the main network's training inputs."""
     record = dict(passes=[], proxy=[], selections=None, main_inputs=[], proxy_lrs=[],
                   main_lrs=[])
-    iterate, build, select = faster.CifarLoader.__iter__, faster.build_net, faster.select_hardest
+    iterate = faster.CifarLoader.__iter__
+    build = faster.build_net
+    select = faster.select_hardest
 
     def recording_iter(loader):
         record['passes'].append([])
@@ -132,7 +113,8 @@ def record_training(faster, monkeypatch, hyp, seed=0, data=None):
         return net
 
     def recording_select(proxy, optimizer, *args):
-        step, optimizer.is_proxy = optimizer.step, True
+        step = optimizer.step
+        optimizer.is_proxy = True
         def recording_step():
             record['proxy_lrs'].append([group['lr'] for group in optimizer.param_groups])
             step()
@@ -155,8 +137,9 @@ def record_training(faster, monkeypatch, hyp, seed=0, data=None):
 
 
 def test_proxy_and_main_network_see_the_same_batches_and_train_on_the_hardest(faster, monkeypatch):
-    hyp = small(faster.hyp, opt__batch_size=24, opt__train_epochs=3.5)  # 64 images: 2 batches
-    record, result = record_training(faster, monkeypatch, hyp)      # per epoch, crossing epochs
+    # 64 images: 2 batches per epoch, crossing epochs
+    hyp = small(faster.hyp, {'opt.batch_size': 24, 'opt.train_epochs': 3.5})
+    record, result = record_training(faster, monkeypatch, hyp)
     total_steps = math.ceil(2 * 3.5)
     assert result['steps'] == total_steps
     proxy_pass, main_pass = record['passes']  # two passes over the loader, nothing more
@@ -214,7 +197,7 @@ def test_schedule_rises_over_a_tenth_of_the_steps_then_falls_to_zero(faster):
 
 
 def test_both_networks_follow_the_schedule(faster, monkeypatch):
-    hyp = small(faster.hyp, opt__batch_size=16, opt__train_epochs=5)  # 20 steps, peak at step 2
+    hyp = small(faster.hyp, {'opt.batch_size': 16, 'opt.train_epochs': 5})  # 20 steps, peak at 2
     record, result = record_training(faster, monkeypatch, hyp)
     multipliers = faster.lr_schedule(20, peak_fraction=0.1, end=0.0).tolist()
     kilostep_scale = 1024 * (1 + 1 / (1 - 0.85))
@@ -236,12 +219,12 @@ def test_the_proxys_initialization_follows_the_init_seed_only(faster, monkeypatc
         return select(proxy, *args)
     monkeypatch.setattr(faster, 'select_hardest', recording_select)
     seeds = faster.source_seeds(0)
-    hyp = small(faster.hyp, opt__batch_size=16, opt__train_epochs=1)
+    hyp = small(faster.hyp, {'opt.batch_size': 16, 'opt.train_epochs': 1})
     for changes in ({}, {'order': 7, 'aug': 8}, {'init': 7}):
         faster.train(tiny_dataset(), hyp, CPU, 'fp32', {**seeds, **changes}, epoch_eval=False)
     assert torch.equal(initial[0], initial[1]) and not torch.equal(initial[0], initial[2])
     # its own seed: not the main network's draws continued, so the main widths do not change it
-    wider = with_hyp(hyp, net__widths={'block1': 24, 'block2': 16, 'block3': 16})
+    wider = with_entries(hyp, {'net.widths': {'block1': 24, 'block2': 16, 'block3': 16}})
     faster.train(tiny_dataset(), wider, CPU, 'fp32', seeds, epoch_eval=False)
     assert torch.equal(initial[0], initial[3])
 
@@ -271,16 +254,19 @@ def test_airbench96s_switches_apply_to_both_networks(faster, monkeypatch):
     """hyp's switches of the paper's ablations, as in airbench96: without whitening both first
     convs keep their default init and train (the proxy's is not the main network's); sampling with
     replacement repeats images within an epoch; lookahead_every 0: no Lookahead."""
-    networks, select = [], faster.select_hardest
+    networks = []
+    select = faster.select_hardest
     def recording_select(proxy, *args):
         networks.append(proxy)
         return select(proxy, *args)
     monkeypatch.setattr(faster, 'select_hardest', recording_select)
     monkeypatch.setattr(faster, 'LookaheadState', lambda net: pytest.fail('Lookahead made'))
-    hyp = small(faster.hyp, opt__batch_size=16, opt__train_epochs=2, opt__sampling='replacement',
-                opt__lookahead_every=0, net__whiten=False, net__identity_init=False)
+    hyp = small(faster.hyp, {'opt.batch_size': 16, 'opt.train_epochs': 2,
+                             'opt.sampling': 'replacement', 'opt.lookahead_every': 0,
+                             'net.whiten': False, 'net.identity_init': False})
     result = faster.train(tiny_dataset(), hyp, CPU, 'fp32', 0, epoch_eval=False)
-    (proxy,), net = networks, result['net']
+    (proxy,) = networks
+    net = result['net']
     assert proxy[0].weight.requires_grad and proxy[0].bias.requires_grad
     assert net[0].weight.requires_grad and net[0].bias.requires_grad
     assert not torch.equal(proxy[0].weight, net[0].weight)
@@ -289,115 +275,6 @@ def test_airbench96s_switches_apply_to_both_networks(faster, monkeypatch):
                                 sampling='replacement')
     epoch = torch.cat([labels for _, (_, labels) in zip(range(4), loader)])
     assert len(set(epoch.tolist())) < 64  # some drawn twice
-
-
-# -------------------------------------------- FLOPs --------------------------------------------
-def test_flops_within_5_percent_of_the_records_3_1(faster):
-    flops = load_tool('flops')
-    figures = flops.run_flops(faster)
-    assert flops.PAPER_PFLOPS[NAME] == 3.1
-    for count in ('exact', 'conventional'):  # measured: 3.157 and 3.167
-        assert abs(figures[count] / 1e15 - 3.1) / 3.1 < 0.05
-    # The proxy's pass: 2160 forward passes of 1024 images, of which every fourth (540) a
-    # training step, counted 3 x forward conventionally; measured 0.113 PFLOPs of the 3.167
-    proxy_forward = flops.network_flops(faster, faster.hyp['proxy'], 10, 4)[0]
-    assert figures['proxy_conventional'] == pytest.approx(1024 * proxy_forward * (1620 + 3 * 540))
-    assert 0.1e15 < figures['proxy_conventional'] < 0.12e15
-    main_forward = figures['forward_per_image']  # the main network: 512 images per step
-    assert figures['conventional'] == pytest.approx(
-        3 * main_forward * 512 * 2160 + 6 * 10000 * main_forward + figures['proxy_conventional'])
-
-
-# ----------------------------------------- CUDA path -------------------------------------------
-def test_whole_training_step_on_the_meta_device_in_the_cuda_recipe(faster):
-    from test_cuda_path import recipe_dtypes_held
-    meta = torch.device('meta')
-    net = faster.build_net(faster.hyp['net'], 10, meta, 'fp16')
-    proxy = faster.build_net(faster.hyp['proxy'], 10, meta, 'fp16')
-    for network in (net, proxy):
-        assert recipe_dtypes_held(network, 'airbench96_faster')
-    opt = faster.hyp['opt']
-    optimizers = [torch.optim.SGD(faster.decoupled_sgd_groups(
-        network, opt['lr'], opt['weight_decay'], opt['momentum'], 16, opt['bias_scaler']),
-        momentum=opt['momentum'], nesterov=True) for network in (net, proxy)]
-    inputs = torch.empty(16, 3, 32, 32, device=meta, dtype=torch.float16)
-    labels = torch.empty(16, device=meta, dtype=torch.int64)
-    batches = [(inputs.contiguous(memory_format=torch.channels_last), labels)] * 2
-    selections = faster.select_hardest(proxy, optimizers[1], batches, 2, [1.0, 1.0], 8, 4, 0.2,
-                                       torch.autocast('cuda', enabled=False))
-    assert [s.shape for s in selections] == [(8,), (8,)] and selections[0].device == meta
-    with pytest.raises(NotImplementedError):  # the control: a boolean mask has no meta shape
-        inputs[torch.empty(16, device=meta, dtype=torch.bool)]
-    images, selected_labels = batches[0][0][selections[0]], labels[selections[0]]
-    outputs = net(images)
-    loss = F.cross_entropy(outputs.float(), selected_labels, label_smoothing=0.2,
-                           reduction='sum')
-    loss.backward()
-    optimizers[0].step()
-    assert outputs.shape == (8, 10) and outputs.dtype == torch.float16
-    assert recipe_dtypes_held(net, 'airbench96_faster')  # kept by the step
-    logits = faster.infer(net, torch.empty(10, 3, 32, 32, device=meta, dtype=torch.float16), 2,
-                          torch.autocast('cuda', enabled=False), batch_size=4)
-    assert logits.shape == (10, 10) and logits.dtype == torch.float32
-
-
-@needs_fake_cuda
-def test_stream_and_selection_on_fake_cuda(faster):
-    """FakeTensorMode raises on .item() and on shapes that depend on data (a boolean mask): the
-    record's masking would raise here, ours runs. (Its backward pass cannot run on fake CUDA
-    tensors: the whole select_hardest runs on the meta device above.)"""
-    from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTensorMode
-    from test_cuda_path import fake_cuda
-    mode = FakeTensorMode()
-    hyp = small(faster.hyp)
-    proxy = fake_cuda(faster.build_net(hyp['proxy'], 10, CPU, 'fp16'), mode)
-    with mode, torch.no_grad():
-        images = torch.empty(300, 32, 32, 3, dtype=torch.uint8, device=FAKE_CUDA)
-        labels = torch.empty(300, dtype=torch.int64, device=FAKE_CUDA)
-        loader = faster.CifarLoader(images, labels, 64, (0.5,) * 3, (0.25,) * 3, hyp['aug'],
-                                    torch.float16)
-        batches = [batch for _, batch in zip(range(10), loader)]  # 640 images: 2 epochs and more
-        assert all(b.shape == (64, 3, 32, 32) and b.device.type == 'cuda' for b, _ in batches)
-        for inputs, batch_labels in batches:  # what select_hardest does with each batch
-            losses = F.cross_entropy(proxy(inputs).float(), batch_labels, label_smoothing=0.2,
-                                     reduction='none')
-            selected = faster.hardest_examples(losses, 32)
-            assert selected.shape == (32,) and selected.device.type == 'cuda'
-            assert inputs[selected].shape == (32, 3, 32, 32)
-            assert losses.gather(0, selected).sum().shape == ()
-        with pytest.raises(DynamicOutputShapeException):  # the control: the record's mask
-            mask = torch.zeros(64, dtype=torch.bool, device=FAKE_CUDA)
-            mask[losses.argsort()[-32:]] = True
-            inputs[mask]
-
-
-@needs_cpu_fp16_padding
-def test_no_host_synchronization_inside_the_timed_region(faster, monkeypatch):
-    from test_cuda_path import recorded_train
-    hyp = small(faster.hyp, opt__batch_size=24, opt__train_epochs=3.5)  # batches cross epochs
-    recorder, result = recorded_train(faster, monkeypatch, hyp, 'fp16')
-    assert not recorder.timed and result['steps'] == 7
-    assert {'aten.topk.default', 'aten.convolution_backward.default'} <= recorder.ops
-    assert recorder.timed_syncs == []
-    assert 'aten._local_scalar_dense.default' in recorder.untimed_syncs  # the control
-
-
-# ------------------------------ What every script is checked for -------------------------------
-def test_what_the_method_tests_check_of_every_script(faster, monkeypatch):
-    monkeypatch.setitem(test_method.PARAMETER_COUNTS, NAME, 9_918_776)
-    for check in (test_method.test_output_and_feature_map_shapes, test_method.test_parameter_count,
-                  test_method.test_batchnorm_as_specified,
-                  test_method.test_no_biases_except_whitening_and_batchnorm,
-                  test_method.test_identity_init):
-        check(faster)
-
-
-@pytest.mark.slow
-def test_layout_import_and_method_part(faster):
-    test_layout.test_import_does_nothing_but_define(NAME)
-    test_layout.test_the_method_uses_nothing_from_below_the_banner(NAME)
-    # test_layout.py checks its shared blocks and the part below the banner (METHOD_DIFFERENCES)
-    assert NAME in test_layout.shared.METHOD_DIFFERENCES
 
 
 @pytest.mark.slow

@@ -9,16 +9,17 @@ import sys
 
 import pytest
 
-from conftest import (ALL_SCRIPTS, CPU, REPO, SCRIPTS, above_the_banner, load_script, load_tool,
-                      tiny_dataset, top_level_names, with_hyp)
+from conftest import (ALL_SCRIPTS, CPU, REPO, TINY_WIDTHS, above_the_banner, load_script,
+                      tiny_dataset, top_level_names)
+from studylib.hyp import with_entries
 
-shared = load_tool('shared_blocks')
+import shared_blocks as shared  # tools/, on the path from conftest
 
 
 def test_below_the_banner_identical_and_method_blocks_shared():
     for name in shared.METHOD_DIFFERENCES:
         assert shared.differences(name) == []
-    tails = {shared.split(shared.read(name))[2] for name in SCRIPTS}
+    tails = {shared.split(shared.read(name))[2] for name in ALL_SCRIPTS}
     assert len(tails) == 1
 
 
@@ -55,7 +56,7 @@ def test_the_check_detects_drift_and_sync_repairs_it(tmp_path, monkeypatch):
     assert path.read_text() == text  # its own header and hyp kept
 
 
-@pytest.mark.parametrize('name', SCRIPTS)
+@pytest.mark.parametrize('name', ALL_SCRIPTS)
 def test_the_method_uses_nothing_from_below_the_banner(name):
     _, method, tail = shared.split(shared.read(name))
     used = {node.id for node in ast.walk(ast.parse(method)) if isinstance(node, ast.Name)}
@@ -69,7 +70,8 @@ def test_the_method_part_alone_trains_a_network(ab94):
     namespace = {}
     exec(compile(''.join(doc) + method, 'method_part', 'exec'), namespace)
     assert 'main' not in namespace and 'load_dataset' not in namespace
-    hyp = with_hyp(namespace['hyp'], opt__batch_size=32, opt__train_epochs=2)
+    hyp = with_entries(namespace['hyp'], {'opt.batch_size': 32, 'opt.train_epochs': 2,
+                                          'net.widths': TINY_WIDTHS})
     result = namespace['train'](tiny_dataset(), hyp, CPU, 'fp32', seed=1)
     whole = ab94.train(tiny_dataset(), hyp, CPU, 'fp32', seed=1)
     assert result['epoch_train_losses'] == whole['epoch_train_losses']
@@ -78,7 +80,7 @@ def test_the_method_part_alone_trains_a_network(ab94):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('name', SCRIPTS)
+@pytest.mark.parametrize('name', ALL_SCRIPTS)
 def test_import_does_nothing_but_define(name):
     code = (f'import sys, importlib.util; sys.argv = ["x", "--runs", "0"]\n'
             f'spec = importlib.util.spec_from_file_location("m", '
@@ -107,21 +109,15 @@ def test_the_tail_needs_only_torch_and_torchvision():
 @pytest.mark.parametrize('name', ALL_SCRIPTS)
 def test_each_script_owns_the_rules_of_its_own_hyp(name):
     """A script's HYP_CHOICES and HYP_RANGES stand above the banner and name its own entries only
-    (GROUP.NAME of its hyp): no table names another script's keys."""
+    (GROUP.NAME of its hyp): no table names another script's keys. The tail checks a str or bool
+    entry of hyp only against HYP_CHOICES: each must be there, its value among them."""
     script = load_script(name)
     method = above_the_banner(open(os.path.join(REPO, f'{name}.py')).read())
     assert {'HYP_CHOICES', 'HYP_RANGES'} <= top_level_names(method)
     entries = {f'{group}.{key}' for group, values in script.hyp.items() for key in values}
     assert set(script.HYP_CHOICES) | set(script.HYP_RANGES) <= entries
     assert not set(script.HYP_CHOICES) & set(script.HYP_RANGES)
-
-
-@pytest.mark.parametrize('name', ALL_SCRIPTS)
-def test_every_switch_of_every_hyp_has_its_choices(name):
-    """The tail checks a str or bool entry of hyp only against HYP_CHOICES: each must be there."""
-    script = load_script(name)
-    for group, entries in script.hyp.items():
-        for key, value in entries.items():
+    for group, values in script.hyp.items():
+        for key, value in values.items():
             if isinstance(value, (str, bool)):
-                choices = script.HYP_CHOICES[f'{group}.{key}']
-                assert value in choices
+                assert value in script.HYP_CHOICES[f'{group}.{key}']

@@ -1,8 +1,8 @@
 """Properties of the method, each of which a broken implementation fails.
 
-The method blocks the scripts share are identical to airbench94.py's (tests/scripts/test_layout.py), so
-their properties are checked once, on airbench94; what differs between the scripts (the network,
-the hyperparameters) is checked for each."""
+The method blocks the scripts share are identical to airbench94.py's (tests/scripts/test_layout.py),
+so their properties are checked once, on airbench94; what differs between the scripts (the network,
+the hyperparameters, train() itself: the same seed) is checked for each of the seven."""
 import ast
 import math
 import re
@@ -12,12 +12,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from conftest import (ALL_SCRIPTS, CPU, TINY_WIDTHS, load_script, quick_train, script_changes,
+                      tiny_dataset, tiny_hyp)
+from studylib.hyp import with_entries
+
 # Parameter counts of the built networks (all parameters, including the frozen whitening weights and
 # BatchNorm scales). The paper states 1.97 M for airbench94.
 PARAMETER_COUNTS = {'airbench94': 1_972_792, 'airbench94_compiled': 1_972_792,
                     'airbench95': 4_606_520, 'airbench96': 12_721_208,
-                    'airbench94_muon': 1_972_792, 'airbench94_hiverge': 1_972_792}
+                    'airbench94_muon': 1_972_792, 'airbench94_hiverge': 1_972_792,
+                    'airbench96_faster': 9_918_776}
 FEATURE_MAP_SIZES = [31, 15, 7, 3]
+
+
+@pytest.fixture(params=ALL_SCRIPTS)
+def script(request):
+    """Each of the seven scripts (conftest's `script`, airbench96_faster too: its full network)."""
+    return load_script(request.param)
 
 
 def build(script, num_classes=10):
@@ -73,59 +84,21 @@ def test_no_biases_except_whitening_and_batchnorm(script):
     assert not net[0].weight.requires_grad
 
 
-def orientation_dataset(n):
-    """Images whose left half is +1 and right half -1, so a flip is visible as a sign change."""
-    images = torch.zeros(n, 32, 32, 3, dtype=torch.uint8)
-    images[:, :, :16] = 255
-    return images, torch.arange(n)
-
-
-def orientations_per_epoch(script, flip, epochs, n=2000, batch_size=100):
-    images, ids = orientation_dataset(n)
-    loader = script.CifarLoader(images, ids, batch_size, (0.5,) * 3, (0.5,) * 3,
-                                {'flip': flip, 'translate': 0, 'cutout': 0})
-    result = []
-    for _ in range(epochs):
-        flipped = torch.empty(n, dtype=torch.bool)
-        seen = torch.zeros(n, dtype=torch.int64)
-        for batch, batch_ids in loader:
-            flipped[batch_ids] = batch[:, 0, 0, 0] < 0
-            seen[batch_ids] += 1
-        assert torch.all(seen == 1)  # every image exactly once per epoch (n divisible by batch)
-        result.append(flipped)
-    return result
-
-
-def test_alternating_flip_shows_both_orientations_in_consecutive_epochs(ab94):
-    script = ab94
-    torch.manual_seed(0)
-    epochs = orientations_per_epoch(script, 'alternating', 5)
-    assert abs(epochs[0].float().mean().item() - 0.5) < 0.05  # epoch 0 flips about half
-    for previous, current in zip(epochs, epochs[1:]):
-        assert torch.all(previous != current)
-
-
-def test_random_flip_repeats_orientations(ab94):
-    script = ab94
-    # The control: with the usual coin per epoch, about half the images keep their orientation
-    torch.manual_seed(0)
-    epochs = orientations_per_epoch(script, 'random', 2)
-    same = (epochs[0] == epochs[1]).float().mean().item()
-    assert 0.4 < same < 0.6
-
-
 @pytest.mark.parametrize('pad', [2, 4])
 def test_translation_is_a_uniform_reflect_pad_crop_within_pad(ab94, pad):
-    script = ab94
     torch.manual_seed(0)
     n = 3000
     images = torch.randn(n, 3, 32, 32)
     padded = F.pad(images, (pad,) * 4, mode='reflect')
-    crops = script.batch_crop(padded, 32)
+    crops = ab94.batch_crop(padded, 32)
     assert crops.shape == (n, 3, 32, 32)
     windows = padded.unfold(2, 32, 1).unfold(3, 32, 1)  # n, 3, 2p+1, 2p+1, 32, 32
-    matches = (windows == crops[:, :, None, None]).flatten(4).all(-1).all(1)  # n, 2p+1, 2p+1
-    assert torch.all(matches.flatten(1).sum(1) == 1)  # each crop is exactly one explicit slice
+    # Each crop's first channel is exactly one explicit slice's, and the crop that slice whole
+    matches = (windows[:, 0] == crops[:, 0, None, None]).flatten(3).all(-1)  # n, 2p+1, 2p+1
+    assert torch.all(matches.flatten(1).sum(1) == 1)
+    shifts = matches.flatten(1).int().argmax(1)
+    assert torch.equal(windows[torch.arange(n), :, shifts // (2 * pad + 1),
+                               shifts % (2 * pad + 1)], crops)
     counts = matches.sum(0).float()  # shifts -pad..pad in each direction
     assert torch.all(counts > 0)  # every shift within +-pad occurs (and no other is possible)
     expected = n / (2 * pad + 1)  # each axis uniform: binomial sd < 5% of expected here
@@ -134,11 +107,10 @@ def test_translation_is_a_uniform_reflect_pad_crop_within_pad(ab94, pad):
 
 
 def test_loader_translation_uses_reflect_padding(ab94):
-    script = ab94
     torch.manual_seed(0)
     images = torch.randint(0, 256, (64, 32, 32, 3), dtype=torch.uint8)
-    loader = script.CifarLoader(images, torch.arange(64), 64, (0.0,) * 3, (1.0,) * 3,
-                                {'flip': 'none', 'translate': 2, 'cutout': 0})
+    loader = ab94.CifarLoader(images, torch.arange(64), 64, (0.0,) * 3, (1.0,) * 3,
+                              {'flip': 'none', 'translate': 2, 'cutout': 0})
     batch, ids = next(iter(loader))
     source = images[ids].permute(0, 3, 1, 2).float() / 255
     windows = F.pad(source, (2,) * 4, mode='reflect').unfold(2, 32, 1).unfold(3, 32, 1)
@@ -147,19 +119,22 @@ def test_loader_translation_uses_reflect_padding(ab94):
 
 
 def test_cutout_zeroes_one_square_inside_the_image_at_a_uniform_position(ab94):
-    script = ab94
     torch.manual_seed(0)
-    n, size = 4000, 12
+    n = 4000
+    size = 12
     images = torch.rand(n, 3, 32, 32) + 0.5  # no zeros before cutout
-    out = script.batch_cutout(images, size)
+    out = ab94.batch_cutout(images, size)
     zero = (out == 0)
     assert torch.all(zero.all(1) == zero.any(1))  # all channels at once
     zero = zero[:, 0]
     assert torch.all(zero.flatten(1).sum(1) == size * size)
-    rows, cols = zero.any(2), zero.any(1)
-    top, left = rows.float().argmax(1), cols.float().argmax(1)
+    rows = zero.any(2)
+    cols = zero.any(1)
+    top = rows.float().argmax(1)
+    left = cols.float().argmax(1)
     assert torch.all(rows.sum(1) == size) and torch.all(cols.sum(1) == size)  # one square
-    assert torch.all(out[~zero.unsqueeze(1).expand_as(out)] == images[~zero.unsqueeze(1).expand_as(out)])
+    kept = ~zero.unsqueeze(1).expand_as(out)
+    assert torch.all(out[kept] == images[kept])
     counts = torch.bincount(top, minlength=32 - size + 1).float()
     assert len(counts) == 32 - size + 1  # every position inside, none outside
     expected = n / (32 - size + 1)
@@ -170,13 +145,13 @@ def test_cutout_zeroes_one_square_inside_the_image_at_a_uniform_position(ab94):
 def test_cutout_of_a_wide_image_reaches_every_row_and_column(ab94):
     torch.manual_seed(0)
     zero = (ab94.batch_cutout(torch.ones(2000, 3, 8, 24), 4) == 0)[:, 0]
-    tops, lefts = zero.any(2).float().argmax(1), zero.any(1).float().argmax(1)
+    tops = zero.any(2).float().argmax(1)
+    lefts = zero.any(1).float().argmax(1)
     assert set(tops.tolist()) == set(range(8 - 4 + 1))
     assert set(lefts.tolist()) == set(range(24 - 4 + 1))
 
 
 def test_whitening_layer_is_w_and_minus_w_and_whitens_patches(ab94):
-    script = ab94
     torch.manual_seed(0)
     # Correlated channels, so whitening has work to do
     mixing = torch.tensor([[1.0, 0.8, 0.3], [0.0, 0.6, 0.5], [0.0, 0.0, 0.4]])
@@ -184,7 +159,7 @@ def test_whitening_layer_is_w_and_minus_w_and_whitens_patches(ab94):
     images = images + 0.5 * images.roll(1, dims=-1)  # and correlated neighbours
     layer = nn.Conv2d(3, 24, 2, padding=0, bias=True)
     eps = 5e-4
-    script.init_whitening(layer, images, eps)
+    ab94.init_whitening(layer, images, eps)
     weight = layer.weight.detach()
     assert torch.equal(weight[12:], -weight[:12])
     assert torch.all(layer.bias == 0)
@@ -206,23 +181,23 @@ def test_identity_init(script):
     convs = [m for m in net.modules() if isinstance(m, nn.Conv2d) and m.kernel_size == (3, 3)]
     assert len(convs) >= 6
     for conv in convs:
-        m, n = conv.in_channels, conv.out_channels
+        m = conv.in_channels
         x = torch.randn(2, m, 9, 9)
         y = conv(x)
         assert torch.allclose(y[:, :m], x, atol=1e-6)
-        if n > m:  # the rest keep PyTorch's default init, not zeros and not identity
+        if conv.out_channels > m:  # the rest keep PyTorch's default init: not zeros, not identity
             rest = conv.weight[m:]
             bound = 1 / math.sqrt(m * 9)
             assert rest.abs().max() <= bound and rest.std() > 0.3 * bound
 
 
 def test_lookahead_arithmetic(ab94):
-    script = ab94
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2))
-    lookahead = script.LookaheadState(net)
+    lookahead = ab94.LookaheadState(net)
     slow = {k: v.clone() for k, v in lookahead.slow.items()}
-    assert set(slow) == {'0.weight', '0.bias', '1.weight', '1.bias', '1.running_mean', '1.running_var'}
+    assert set(slow) == {'0.weight', '0.bias', '1.weight', '1.bias', '1.running_mean',
+                         '1.running_var'}
     with torch.no_grad():
         for p in net.parameters():
             p.add_(torch.randn_like(p))
@@ -245,33 +220,31 @@ def test_lookahead_arithmetic(ab94):
 
 
 def test_lookahead_decay_schedule(ab94):
-    script = ab94
-    assert script.lookahead_decay(0, 100) == 0
-    assert script.lookahead_decay(100, 100) == pytest.approx(0.95**5)
-    assert script.lookahead_decay(50, 100) == pytest.approx(0.95**5 / 8)
+    assert ab94.lookahead_decay(0, 100) == 0
+    assert ab94.lookahead_decay(100, 100) == pytest.approx(0.95**5)
+    assert ab94.lookahead_decay(50, 100) == pytest.approx(0.95**5 / 8)
 
 
 def test_lr_schedule_endpoints_and_peak(ab94):
-    script = ab94
     total = 476  # ceil(48 * 9.9)
-    schedule = script.lr_schedule(total)
+    schedule = ab94.lr_schedule(total)
     peak = int(0.23 * total)
     assert len(schedule) == total + 1
     assert schedule[0].item() == pytest.approx(0.2)
     assert schedule[peak].item() == pytest.approx(1.0)
     assert schedule[-1].item() == pytest.approx(0.07)
     assert schedule.max().item() == pytest.approx(1.0)
-    rise, fall = schedule[:peak + 1].diff(), schedule[peak:].diff()
+    rise = schedule[:peak + 1].diff()
+    fall = schedule[peak:].diff()
     assert torch.allclose(rise, torch.full_like(rise, 0.8 / peak))  # linear up
     assert torch.allclose(fall, torch.full_like(fall, -0.93 / (total - peak)))  # linear down
 
 
 def test_decoupled_lr_and_weight_decay(paper_script):
-    script = paper_script
-    net = build(script)
-    opt = script.hyp['opt']
-    groups = script.decoupled_sgd_groups(net, lr=11.5, weight_decay=0.0153, momentum=0.85,
-                                         batch_size=1024, bias_scaler=64.0)
+    net = build(paper_script)
+    opt = paper_script.hyp['opt']
+    groups = paper_script.decoupled_sgd_groups(net, lr=11.5, weight_decay=0.0153, momentum=0.85,
+                                               batch_size=1024, bias_scaler=64.0)
     kilostep = 1024 * (1 + 1 / (1 - 0.85))
     norm_biases, others = groups
     assert others['lr'] == pytest.approx(11.5 / kilostep)
@@ -286,8 +259,8 @@ def test_decoupled_lr_and_weight_decay(paper_script):
     assert {id(p) for p in norm_biases['params']} == norm_bias_ids
     assert id(net[0].bias) in {id(p) for p in others['params']}
     # The same decay per step whatever the lr: decay strength is independent of the lr
-    other_lr = script.decoupled_sgd_groups(net, lr=5.0, weight_decay=0.0153, momentum=0.85,
-                                           batch_size=1024, bias_scaler=64.0)
+    other_lr = paper_script.decoupled_sgd_groups(net, lr=5.0, weight_decay=0.0153,
+                                                 momentum=0.85, batch_size=1024, bias_scaler=64.0)
     assert other_lr[1]['lr'] * other_lr[1]['weight_decay'] == pytest.approx(
         others['lr'] * others['weight_decay'])
     assert opt['lr'] > 0 and opt['momentum'] == 0.85 and opt['weight_decay'] == 0.0153
@@ -305,26 +278,25 @@ class TinyNet(nn.Module):
 
 
 def test_tta_levels_are_the_weighted_means_of_the_views(ab94):
-    script = ab94
     torch.manual_seed(0)
     net = TinyNet()
     images = torch.randn(10, 3, 32, 32)
     autocast = torch.autocast('cpu', enabled=False)
     padded = F.pad(images, (1,) * 4, mode='reflect')
-    up_left, down_right = padded[:, :, 0:32, 0:32], padded[:, :, 2:34, 2:34]
+    up_left = padded[:, :, 0:32, 0:32]
+    down_right = padded[:, :, 2:34, 2:34]
     with torch.no_grad():
         views = [net(v) for v in (images, images.flip(-1), up_left, up_left.flip(-1),
                                   down_right, down_right.flip(-1))]
     expected = {0: views[0], 1: (views[0] + views[1]) / 2,
                 2: (views[0] + views[1]) / 4 + (views[2] + views[3] + views[4] + views[5]) / 8}
     for level, logits in expected.items():
-        got = script.infer(net, images, level, autocast, batch_size=4)  # batches of 4, 4, 2
+        got = ab94.infer(net, images, level, autocast, batch_size=4)  # batches of 4, 4, 2
         assert torch.allclose(got, logits, atol=1e-5), level
     assert not torch.allclose(expected[2], expected[1], atol=1e-3)  # the views do differ
 
 
 def test_airbench96_block_output_is_its_two_paths_summed():
-    from conftest import load_script
     script = load_script('airbench96')
     torch.manual_seed(0)
     block = script.ConvGroup(8, 16, 0.6).eval()
@@ -342,7 +314,9 @@ def test_airbench96_block_output_is_its_two_paths_summed():
 
 
 def test_airbench94_hyperparameters_are_the_papers(ab94):
-    opt, aug, arch = ab94.hyp['opt'], ab94.hyp['aug'], ab94.hyp['net']
+    opt = ab94.hyp['opt']
+    aug = ab94.hyp['aug']
+    arch = ab94.hyp['net']
     assert opt == dict(train_epochs=9.9, batch_size=1024, sampling='reshuffle', lr=11.5,
                        momentum=0.85, weight_decay=0.0153, bias_scaler=64.0, label_smoothing=0.2,
                        whiten_bias_epochs=3, lookahead_every=5)
@@ -356,7 +330,6 @@ def documented_hyp_changes(name):
     """The `hyp` entries that docs/layout.md's table gives for a paper script, as {(group, key):
     (airbench94's value, the script's)}; widths are written block1/block2/block3. airbench94
     itself, and a script whose section has no such table, change none."""
-    from conftest import script_changes
     if name == 'airbench94':
         return {}
 
@@ -374,32 +347,36 @@ def documented_hyp_changes(name):
 
 
 def test_hyperparameters_differ_from_airbench94_only_as_docs_layout_says(paper_script, ab94):
-    script = paper_script
     differences = {(group, key): (ab94.hyp[group].get(key, 'absent'), value)
-                   for group in script.hyp for key, value in script.hyp[group].items()
+                   for group in paper_script.hyp for key, value in paper_script.hyp[group].items()
                    if ab94.hyp[group].get(key, 'absent') != value}
-    assert differences == documented_hyp_changes(script.__name__)
+    assert differences == documented_hyp_changes(paper_script.__name__)
     assert all(group in ab94.hyp and set(keys) >= set(ab94.hyp[group])
-               for group, keys in script.hyp.items())
+               for group, keys in paper_script.hyp.items())
 
 
-def test_a_reused_network_trains_exactly_like_a_fresh_one(ab94):
-    """Every study builds its network once and reinitializes it per run: training a trained
-    network again (its whitening bias ended frozen) from a seed must give that seed's fresh run."""
-    from conftest import quick_train, tiny_dataset
+@pytest.mark.parametrize('name', ALL_SCRIPTS)
+def test_the_same_seed_trains_bitwise_alike_another_differs(name, monkeypatch):
+    """A run is its seed: the same seed gives the same losses and accuracy to the last bit, and on
+    a network already trained (every study builds its network once and reinitializes it per run;
+    this one's whitening bias ended frozen) the same as on a fresh one; another seed differs.
+    airbench94_compiled runs uncompiled (on the CPU it would compile with inductor)."""
+    monkeypatch.setattr(torch, 'compile', lambda function, **kwargs: function)
+    script = load_script(name)
     data = tiny_dataset()
-    fresh = quick_train(ab94, data, seed=3, net__tta_level=0)
-    assert not fresh['net'][0].bias.requires_grad  # frozen after 3 epochs
-    again = quick_train(ab94, data, seed=3, net=fresh['net'], net__tta_level=0)
-    assert again['epoch_train_losses'] == fresh['epoch_train_losses']
-    assert again['tta_val_acc'] == fresh['tta_val_acc']
-    other = quick_train(ab94, data, seed=4, net__tta_level=0)
+    entries = {**tiny_hyp(name), 'opt.whiten_bias_epochs': 1, 'net.tta_level': 1}
+    fresh = quick_train(script, data, seed=3, entries=entries)
+    assert not fresh['net'][0].bias.requires_grad  # frozen after 1 epoch of 4
+    again = quick_train(script, data, seed=3, net=fresh['net'], entries=entries)
+    other = quick_train(script, data, seed=4, entries=entries)
+    figures = ('epoch_train_losses', 'tta_val_acc', 'steps')
+    assert [again[key] for key in figures] == [fresh[key] for key in figures]
     assert other['epoch_train_losses'] != fresh['epoch_train_losses']
 
 
 def test_on_epoch_gets_each_epochs_figures_and_can_stop_the_run(ab94):
-    from conftest import CPU, tiny_dataset, with_hyp
-    hyp = with_hyp(ab94.hyp, opt__batch_size=32, opt__train_epochs=2.5)  # 2 steps per epoch
+    hyp = with_entries(ab94.hyp, {'opt.batch_size': 32, 'opt.train_epochs': 2.5,  # 2 steps an epoch
+                                  'net.widths': TINY_WIDTHS})
     seen = []
     result = ab94.train(tiny_dataset(), hyp, CPU, 'fp32', 0, on_epoch=seen.append)
     assert [f['epoch'] for f in seen] == [0, 1, 2] and result['steps'] == 5  # ceil(2 * 2.5)
@@ -419,7 +396,6 @@ def test_on_epoch_gets_each_epochs_figures_and_can_stop_the_run(ab94):
 
 
 def test_each_source_of_randomness_has_its_own_seed(ab94):
-    from conftest import CPU, tiny_dataset, with_hyp
     widths = {'block1': 32, 'block2': 32, 'block3': 32}  # block1: 24 identity filters, 8 random
     seeds = ab94.source_seeds(0)
     assert set(seeds) == {'init', 'order', 'aug'} and len(set(seeds.values())) == 3
@@ -432,18 +408,18 @@ def test_each_source_of_randomness_has_its_own_seed(ab94):
 
     # With a vanishing lr the filters stay as initialized (the zeros of the identity init move by
     # ~1e-35, the run's 4 steps being too few for Lookahead): only the init seed may change them
-    frozen = with_hyp(ab94.hyp, opt__batch_size=16, opt__train_epochs=1, opt__lr=1e-30,
-                      opt__weight_decay=0.0, net__widths=widths)
+    frozen = with_entries(ab94.hyp, {'opt.batch_size': 16, 'opt.train_epochs': 1, 'opt.lr': 1e-30,
+                                     'opt.weight_decay': 0.0, 'net.widths': widths})
     weights, _ = run(frozen)
     assert torch.allclose(run(frozen, order=7, aug=8)[0], weights, rtol=0, atol=1e-30)
     assert (run(frozen, init=7)[0] - weights).abs().max() > 1e-3
     # Without augmentation the aug seed changes nothing; the order seed changes the batches
-    plain = with_hyp(ab94.hyp, opt__batch_size=16, opt__train_epochs=2, aug__flip='none',
-                     aug__translate=0, net__widths=widths)
+    plain = with_entries(ab94.hyp, {'opt.batch_size': 16, 'opt.train_epochs': 2, 'aug.flip': 'none',
+                                    'aug.translate': 0, 'net.widths': widths})
     weights, losses = run(plain)
     assert torch.equal(run(plain, aug=8)[0], weights)
     assert run(plain, order=7)[1] != losses
     # With augmentation the aug seed matters
-    augmented = with_hyp(ab94.hyp, opt__batch_size=16, opt__train_epochs=2,
-                         net__widths=widths)
+    augmented = with_entries(ab94.hyp, {'opt.batch_size': 16, 'opt.train_epochs': 2,
+                                        'net.widths': widths})
     assert run(augmented)[1] != run(augmented, aug=8)[1]
