@@ -113,8 +113,7 @@ def newton_schulz_by_svd(coefficients, matrix, steps):
 # The paper's four scripts share the optimizer (SGD with Lookahead); airbench94_muon replaces it
 PAPER_SCRIPTS = ['airbench94', 'airbench94_compiled', 'airbench95', 'airbench96']
 SCRIPTS = [*PAPER_SCRIPTS, 'airbench94_muon', 'airbench94_hiverge']
-# airbench96_faster is not among them: tests/scripts/test_faster.py runs the per-script checks on it (at
-# small widths where they train, as its full-width end-to-end run alone would take a minute here)
+# airbench96_faster trains slowly at full width: the tests over ALL_SCRIPTS give it small widths
 ALL_SCRIPTS = [*SCRIPTS, 'airbench96_faster']
 CPU = torch.device('cpu')
 # With its index: for a bare 'cuda', torch 2.4's Tensor.to asks the CUDA runtime for the current
@@ -351,32 +350,3 @@ def script_changes(name):
                         re.MULTILINE | re.DOTALL)
     assert section, f'docs/layout.md has no section on what {name}.py changes'
     return section.group(1)
-
-
-def top_level_names(source):
-    """The names a module's top level defines: functions, classes, assignments, imports."""
-    import ast
-    names = set()
-    for node in ast.parse(source).body:
-        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, ast.Assign):
-            names |= {t.id for target in node.targets for t in ast.walk(target)
-                      if isinstance(t, ast.Name)}
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            names |= {(alias.asname or alias.name).split('.')[0] for alias in node.names}
-    return names
-
-
-# In the comment block that ends every script's method and begins the code that runs it
-BANNER_PHRASE = 'identical in all the airbench scripts'
-
-
-def above_the_banner(source):
-    """A script's module docstring and method: its lines before the banner's comment block (the
-    whole source of a file without a banner)."""
-    lines = source.splitlines(keepends=True)
-    banner = next((i for i, line in enumerate(lines) if BANNER_PHRASE in line), len(lines))
-    while banner > 0 and lines[banner - 1].startswith('#'):
-        banner -= 1
-    return ''.join(lines[:banner])

@@ -6,62 +6,34 @@ installing on a new GPU machine, or after changing torch.
 Usage: python tools/gpu_check.py [--data-dir DIR] [--device auto|cpu|cuda|cuda:N]
                                  [--only ITEM,...] [--timeout SECONDS] [--keep DIR] [--tiny]
 
-The items, in this order (--only names some, which keep this order):
-- the seven scripts, each `python SCRIPT.py --runs 1 --seed 0 --epochs 4` with its warmup: first
-  the eager ones, airbench94, airbench95, airbench96_faster and airbench96, then the compiled ones,
-  airbench94_compiled, airbench94_muon and airbench94_hiverge, whose warmup on CUDA compiles every
-  graph their runs need (4 epochs take it past the whitening bias's freeze, after 3 epochs, or 0.2
-  for airbench94_hiverge, so the frozen-bias graphs compile too: those of a default run);
-- study: `python study.py airbench94_hiverge --runs 2 --config hiverge --config muon
-  airbench94_muon`, one process (world size 1) on one GPU: the launch that failed at once on the
-  first GPU it met, while every script ran;
-- study-torchrun: the same study under `torchrun --standalone --nproc_per_node=2`, one process per
-  GPU on a machine with two or more, both processes on GPU 0 (`--device cuda:0`) on a machine with
-  one.
+The items, in this order (--only names some): the eager scripts (airbench94, airbench95,
+airbench96_faster, airbench96), each `python SCRIPT.py --runs 1 --seed 0 --epochs 4`, then the
+compiled ones (airbench94_compiled, airbench94_muon, airbench94_hiverge), whose CUDA warmup
+compiles every graph a default run needs (4 epochs pass the whitening bias's freeze); then `study`,
+`python study.py airbench94_hiverge --runs 2 --config hiverge --config muon airbench94_muon` in one
+process, and `study-torchrun`, the same under `torchrun --standalone --nproc_per_node=2` (a GPU per
+process with two or more, both on GPU 0 with one). The cheap items come first and airbench94 first
+of all: in seconds it checks the data, the device, torch and the code every script shares. The
+compiled scripts' warmups fill inductor's cache, so the studies' warmups load their graphs and
+check the engine, not the compiler, a second time.
 
-Why this order gives the most per minute. airbench94 comes first: in seconds it checks what every
-item needs (the data, the device, torch and torchvision, the code all the scripts share), so a
-fault there shows at once. The eager scripts take seconds each and the compiled ones minutes when
-their compile is cold, so the cheap answers come first. Each script runs alone, so a failure names
-its script (a study mixes two, and the engine besides). The compiled scripts' warmups fill
-inductor's cache with the graphs that the studies compile again (the same hyp, the same shapes),
-so the studies' warmups load them in seconds and check the study engine, not the compiler a
-second time. The one-process study comes before torchrun's, which adds the process group, its
-store and a device per process.
-
-On a CPU (--device cpu, or auto without CUDA) the same items run with tiny settings: networks of
-widths 8/16/16 (airbench96_faster's proxy too), batches of 32, one epoch, in the precision the
-scripts choose there (fp32, or bf16 autocast on a CPU with native bf16). A script takes these hyp
-entries as a user who edited its hyp does (its main(), on its module with the entries set: the
-scripts have no --hyp), a study as --hyp after study.py's --. On the tests'
-synthetic image folder (tests/conftest.py's write_image_folder) that took 66 s on 2 idle cores
-(150 s on a loaded host), and takes a minute more while airbench94_compiled compiles cold (on a
-CPU inductor compiles it alone; the Muon scripts run eagerly there). --tiny runs the tiny settings
-on CUDA as well (4 epochs), for a small image folder; they compile the same code as a full run,
-not the same graphs.
+On a CPU (or with --tiny on CUDA) the items train tiny networks (TINY_WIDTHS, airbench96_faster's
+proxy too) in batches of 32 for one epoch, a script as a user who edited its hyp (MAIN_WITH_HYP:
+its main() with the entries set), a study with `--hyp` after its `--`.
 
 Before the items, a line names the device, torch and the GPUs, and one says whether inductor's
-cache (TORCHINDUCTOR_CACHE_DIR, else torch's default, /tmp/torchinductor_USER) is empty: a cold
-compile takes minutes per compiled script on a GPU (55 to 200 s on an H100). Then one line per
-item, when it ends:
+cache is empty (every compile cold: minutes per compiled script on a GPU). Then a line per item:
 
     passed  airbench94_hiverge.py    212.4 s  warmup 190.3 s; compiled cold: 37 new cache files
     failed  study.py, 1 process        3.1 s  ValueError: Expected a torch.device with a ...
 
-passed or failed; the item; its seconds, from its start to its exit (start-up, data, warmup, run);
-then for a script its warmup's seconds (from its log), for a study its runs and the devices and
-ranks that trained them; "compiled cold: N new cache files" where the item added compiled code to
-inductor's cache (it compiled what no earlier run had), or "compiled from the cache" where it
-compiles but added none; and for a failure the first line of its error: its `error:` line, else
-the last exception of its traceback (a worker's, under torchrun), else how it ended, or "timed out
-after S s" (--timeout, per item). An item passes when it exits with status 0 having written what it
-should (a script its log with its run; a study every run and its summary). A last line counts them;
-the exit status is 0 when every item passed, 1 otherwise, 2 for bad input (one line).
-
-Each item runs as its own process, in a directory of its own that holds its stdout.txt,
-stderr.txt, and its log or study: a temporary one, removed at the end, or --keep DIR (new or empty)
-kept. Nothing is written into the repository; into the data directory only what the scripts and
-study.py always write there: CIFAR-10 where it is absent (downloaded), study.py's tensor cache.
+with, for a script, its warmup's seconds, for a study its runs, devices and ranks, whether it
+compiled anew or from the cache, and for a failure the first line of its error (its `error:` line,
+else the last exception of its traceback, else how it ended, or its timeout). An item passes when it
+exits 0 having written what it should (a script its log with its run; a study every run and its
+summary). Exit status 0 when every item passed, 1 otherwise, 2 for bad input. Each item runs in a
+directory of its own (stdout.txt, stderr.txt, its log or study), temporary or --keep DIR; nothing is
+written into the repository.
 """
 import argparse
 import glob

@@ -2,15 +2,14 @@
 it, identical in all scripts; a reader can copy the method, or a block of it, with nothing to edit
 out."""
 import ast
+import glob
 import os
 import shutil
-import subprocess
 import sys
 
 import pytest
 
-from conftest import (ALL_SCRIPTS, CPU, REPO, TINY_WIDTHS, above_the_banner, load_script,
-                      tiny_dataset, top_level_names)
+from conftest import ALL_SCRIPTS, CPU, REPO, TINY_WIDTHS, load_script, tiny_dataset
 from studylib.hyp import with_entries
 
 import shared_blocks as shared  # tools/, on the path from conftest
@@ -28,9 +27,14 @@ def test_airbench94_within_the_line_limits():
     assert all(counts[part] <= limit for part, limit in shared.LIMITS.items()), counts
 
 
-@pytest.mark.parametrize('name', ALL_SCRIPTS)
-def test_one_name_per_assignment(name):
-    assert shared.packed_assignments(name) == []
+def test_one_name_per_assignment_in_every_python_file():
+    """The scripts' rule, and every other Python file's: studylib, the tools, the tests."""
+    paths = [os.path.join(REPO, path) for path in ('*.py', 'studylib/**/*.py', 'tools/*.py',
+                                                    'tests/**/*.py', 'studies/*.py')]
+    files = sorted({file for path in paths for file in glob.glob(path, recursive=True)})
+    assert len(files) > 50
+    packed = {file: shared.packed_assignments(file) for file in files}
+    assert {path: lines for path, lines in packed.items() if lines} == {}
 
 
 def test_the_packing_check_finds_each_kind(tmp_path, monkeypatch):
@@ -54,6 +58,20 @@ def test_the_check_detects_drift_and_sync_repairs_it(tmp_path, monkeypatch):
     shared.sync('airbench95')
     assert shared.differences('airbench95') == []
     assert path.read_text() == text  # its own header and hyp kept
+
+
+def top_level_names(source):
+    """The names a module's top level defines: functions, classes, assignments, imports."""
+    names = set()
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names |= {t.id for target in node.targets for t in ast.walk(target)
+                      if isinstance(t, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(alias.asname or alias.name).split('.')[0] for alias in node.names}
+    return names
 
 
 @pytest.mark.parametrize('name', ALL_SCRIPTS)
@@ -112,7 +130,7 @@ def test_each_script_owns_the_rules_of_its_own_hyp(name):
     (GROUP.NAME of its hyp): no table names another script's keys. The tail checks a str or bool
     entry of hyp only against HYP_CHOICES: each must be there, its value among them."""
     script = load_script(name)
-    method = above_the_banner(open(os.path.join(REPO, f'{name}.py')).read())
+    _, method, _ = shared.split(shared.read(name))
     assert {'HYP_CHOICES', 'HYP_RANGES'} <= top_level_names(method)
     entries = {f'{group}.{key}' for group, values in script.hyp.items() for key in values}
     assert set(script.HYP_CHOICES) | set(script.HYP_RANGES) <= entries

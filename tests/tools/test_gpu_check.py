@@ -36,59 +36,36 @@ def values(command, flag):
     return [command[i + 1] for i, word in enumerate(command[:-1]) if word == flag]
 
 
-# The error's first line, from real outputs
-
-def test_a_scripts_error_line_is_its_first_line():
-    """airbench94.py --data-dir /tmp/nonexistent, without network: its one `error:` line."""
-    stderr = fixture('script_error.stderr')
-    assert gpu_check.first_error_line(1, '', stderr, 600) == stderr.strip()
-    assert stderr.startswith('error: No image folder')
-
-
-def test_a_study_under_torchrun_gives_its_error_line_not_torchruns_traceback():
-    """The torchrun study with a missing data directory: rank 0's `error:` line, then torchrun's
-    own traceback (ChildFailedError) and report."""
-    stderr = fixture('study_torchrun_error.stderr')
-    assert 'ChildFailedError' in stderr
-    assert gpu_check.first_error_line(1, '', stderr, 600) == (
-        'error: No cifar10 dataset found in /tmp/nonexistent and it could not be downloaded '
-        '(URLError: <urlopen error [Errno -2] Name or service not known>). Run once with network '
-        "access (it is downloaded there), or put torchvision's files for cifar10 there, or point "
-        '--data-dir at an image-folder layout: train/<class>/*, test/<class>/* images.')
-
-
-def test_a_workers_uncaught_exception_under_torchrun_is_its_last_line():
-    """Two workers raising the H100 study's ValueError under torchrun (a script that raises it):
-    each worker's traceback, then torchrun's own, ending in its ChildFailedError."""
-    stderr = fixture('torchrun_traceback.stderr')
-    assert stderr.count('Traceback (most recent call last):') == 3
-    assert gpu_check.first_error_line(1, '', stderr, 600) == (
-        'ValueError: Expected a torch.device with a specified index or an integer, but got:cuda')
+# The error's first line, from real outputs kept in tests/fixtures/gpu_check: a script's error
+# (airbench94.py --data-dir /tmp/nonexistent, no network); the torchrun study with a missing data
+# directory (rank 0's error line, then torchrun's ChildFailedError); two workers raising the H100
+# study's ValueError under torchrun; an exception raised while handling another; rank 1 killed by
+# SIGKILL under torchrun (no worker traceback); a run that diverged (said on stdout)
+ERROR_LINES = [
+    ('script_error.stderr', None),
+    ('study_torchrun_error.stderr', 'error: No cifar10 dataset found in /tmp/nonexistent and it '
+     'could not be downloaded (URLError: <urlopen error [Errno -2] Name or service not known>). '
+     "Run once with network access (it is downloaded there), or put torchvision's files for "
+     'cifar10 there, or point --data-dir at an image-folder layout: train/<class>/*, '
+     'test/<class>/* images.'),
+    ('torchrun_traceback.stderr', 'ValueError: Expected a torch.device with a specified index or '
+     'an integer, but got:cuda'),
+    ('chained_traceback.stderr', "RuntimeError: cannot read the study: [Errno 2] No such file or "
+     "directory: '/nonexistent/study.json'"),
+    ('torchrun_killed.stderr', 'torchrun: rank 1 (local_rank: 1) ended with exit code -9 (pid: '
+     '11147) (SIGKILL)'),
+    ('diverged.stdout', 'error: run 0: the training loss became nan in epoch 0. Lower the learning '
+     'rate (--hyp opt.lr=...) or check the data. Earlier runs are in the log.'),
+]
 
 
-def test_a_chained_exception_gives_the_last_one():
-    """A process's exception raised while handling another: the one that ended it."""
-    stderr = fixture('chained_traceback.stderr')
-    assert 'During handling of the above exception' in stderr
-    assert gpu_check.first_error_line(1, '', stderr, 600) == (
-        "RuntimeError: cannot read the study: [Errno 2] No such file or directory: "
-        "'/nonexistent/study.json'")
-
-
-def test_a_worker_killed_without_a_traceback_gives_torchruns_root_cause():
-    """Rank 1 killed with SIGKILL under torchrun: no worker traceback, only torchrun's."""
-    stderr = fixture('torchrun_killed.stderr')
-    assert gpu_check.exception_line(stderr) is None
-    assert gpu_check.first_error_line(1, '', stderr, 600) == (
-        'torchrun: rank 1 (local_rank: 1) ended with exit code -9 (pid: 11147) (SIGKILL)')
-
-
-def test_a_diverged_run_gives_its_error_line_from_stdout():
-    """airbench94.py with opt.lr=1e30: its divergence is said on stdout, exit status 1."""
-    stdout = fixture('diverged.stdout')
-    assert gpu_check.first_error_line(1, stdout, '', 600) == (
-        'error: run 0: the training loss became nan in epoch 0. Lower the learning rate '
-        '(--hyp opt.lr=...) or check the data. Earlier runs are in the log.')
+@pytest.mark.parametrize('name, expected', ERROR_LINES)
+def test_the_first_line_of_an_items_real_error(name, expected):
+    text = fixture(name)
+    stdout, stderr = (text, '') if name.endswith('.stdout') else ('', text)
+    said = gpu_check.first_error_line(1, stdout, stderr, 600)
+    assert said == (expected or text.strip())
+    assert said.startswith('error: ') or 'Traceback' in text or 'Root Cause' in text
 
 
 def test_no_message_says_how_it_ended():
