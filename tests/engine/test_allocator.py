@@ -6,7 +6,8 @@ zero-filled) every step (the cause of 25% of a CPU step's time, docs/cpu.md).
 What is measured is the memory a step gives back: the process's peak resident memory minus its
 resident memory after the step, once the step's activations are freed. That is exactly the
 property, and unlike page-fault counts it does not depend on whether the kernel backs the memory
-with huge pages (CI saw default-malloc fault counts from 4,892 to 73,208 per step for the same work).
+with huge pages (CI saw default-malloc fault counts from 4,892 to 73,208 per step for the same
+work).
 
 Each measurement runs in a subprocess, since the setting is process-wide and would otherwise leak
 into the other tests. The network is airbench94's."""

@@ -8,19 +8,22 @@ import sys
 import pytest
 
 from conftest import REPO
-from test_study import ENV, training
+from test_study import ENV, image_folder, training  # noqa: F401
 
 sys.path.insert(0, os.path.join(REPO, 'studies'))
 import study  # noqa: E402  (put on the path by studies/paper.py)
 
 
-def run_experiment(name, study_dir, data_dir, *flags, epochs=1):
+def run_experiment(name, study_dir, data_dir, *flags, epochs=1, script_flags=None, status=0):
+    """studies/NAME.py as a user runs it, with the tiny training's flags (or script_flags): its
+    paper_table.md (its process's stderr if it exits with another status than 0)."""
     command = [sys.executable, os.path.join(REPO, 'studies', f'{name}.py'),
                '--study-dir', str(study_dir), *flags, '--',
-               *training(epochs=epochs, warmup=False), '--data-dir', data_dir]
+               *(script_flags or training(epochs=epochs)), '--data-dir', data_dir]
     result = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return open(os.path.join(study_dir, 'paper_table.md')).read()
+    assert result.returncode == status, result.stderr[-3000:]
+    return open(os.path.join(study_dir, 'paper_table.md')).read() if status == 0 else \
+        result.stderr
 
 
 def percent(values):
@@ -44,18 +47,15 @@ def test_training_order_table(image_folder, tmp_path):
 @pytest.mark.slow
 def test_alternating_flip_tables_with_both_tta_columns_and_speedups(image_folder, tmp_path):
     study_dir = tmp_path / 'flip'
-    command = [sys.executable, os.path.join(REPO, 'studies', 'alternating_flip.py'),
-               '--study-dir', str(study_dir), '--runs', '2', '--epochs', '1,2,3', '--cutout', 'no',
-               '--flips', 'random,alternating', '--',
-               *[f for f in training(epochs=None) if f != '--no-epoch-eval'],
-               '--data-dir', image_folder]
-    result = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    table = open(study_dir / 'paper_table.md').read()
+    table = run_experiment('alternating_flip', study_dir, image_folder, '--runs', '2',
+                           '--epochs', '1,2,3', '--cutout', 'no', '--flips', 'random,alternating',
+                           script_flags=[f for f in training(epochs=None)
+                                         if f != '--no-epoch-eval'])
     runs, _ = study.load_study(str(study_dir))
     assert len(runs) == 2 * 3 * 2
+    at_2 = runs[runs['opt.train_epochs'] == 2]
     for metric, tta in (('val_acc', 'No'), ('accuracy', 'Yes')):
-        cells = [f"{100 * runs.loc[(runs['base'] == f'cutout-no-{flip}') & (runs['opt.train_epochs'] == 2), metric].mean():.4f} (n 2)"
+        cells = [f"{100 * at_2.loc[at_2['base'] == f'cutout-no-{flip}', metric].mean():.4f} (n 2)"
                  for flip in ('random', 'alternating')]
         assert f'| 2 | No | {tta} | {cells[0]} | {cells[1]} |' in table
     assert 'Effective speedup of alternating over random flip' in table
@@ -64,13 +64,10 @@ def test_alternating_flip_tables_with_both_tta_columns_and_speedups(image_folder
 
 @pytest.mark.slow
 def test_alternating_flip_needs_the_plain_accuracy(image_folder, tmp_path):
-    command = [sys.executable, os.path.join(REPO, 'studies', 'alternating_flip.py'),
-               '--study-dir', str(tmp_path / 'flip'), '--runs', '1', '--epochs', '1,2',
-               '--cutout', 'no', '--flips', 'random', '--', *training(epochs=None),
-               '--data-dir', image_folder]
-    result = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=600)
-    assert result.returncode == 1
-    assert result.stderr.strip().splitlines()[-1].startswith(
+    error = run_experiment('alternating_flip', tmp_path / 'flip', image_folder, '--runs', '1',
+                           '--epochs', '1,2', '--cutout', 'no', '--flips', 'random', epochs=None,
+                           status=1)
+    assert error.strip().splitlines()[-1].startswith(
         'error: the runs have no plain (no-TTA) accuracy: per-epoch evaluation was off')
 
 
@@ -107,7 +104,9 @@ def test_additive_ablation_table_is_the_fits_of_the_records(image_folder, tmp_pa
                           r'alternating flip) \|', table, re.MULTILINE)) == 5
     curve = runs[runs['base'] == 'airbench94'].sort_values('opt.train_epochs')
     try:
-        expected = f"airbench94 {study.epochs_to_accuracy(list(curve['opt.train_epochs']), list(curve['accuracy']), 0.9):.1f} ["
+        epochs = study.epochs_to_accuracy(list(curve['opt.train_epochs']), list(curve['accuracy']),
+                                          0.9)
+        expected = f'airbench94 {epochs:.1f} ['
     except ValueError:  # the tiny network's errors need not follow a power law
         expected = 'airbench94 no fit'
     assert expected in table

@@ -1,8 +1,6 @@
-"""A study directory damaged on disk: a record or saved outputs cut short, a record
-of another format or another run's place, a study.json cut short, a directory that no
-configuration names, a disk that fills while a record is written. Reading a record is checking
-it: what cannot be read is never counted, is set aside (kept) and its run trained again with the
-same seeds; every outcome has its exit status (docs/studies.md, "Exit statuses")."""
+"""A study directory damaged on disk. Reading a record is checking it: what cannot be read is
+never counted, is set aside (kept) and its run trained again with the same seeds; every outcome
+has its exit status (docs/studies.md, "Exit statuses")."""
 import builtins
 import errno
 import json
@@ -19,51 +17,44 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import REPO, load_script, write_image_folder
+from conftest import REPO, write_image_folder
 from test_report import add_run, config, make_study
-from test_study import ENV, STUDY, records, study_main, study_summary  # noqa: F401
+from test_study import (ENV, STAND_IN_FLAGS, STUDY, argv, image_folder, records,  # noqa: F401
+                        study_main, study_summary)
 
 import study  # noqa: E402
 import studylib.report  # noqa: E402
 from studylib import errors, files, tables  # noqa: E402
 from studylib.stats import variance  # noqa: E402
 
-STAND_IN = os.path.join(REPO, 'tests', 'stand_in_script.py')
-QUICK = ['--dataset', 'folder', '--device', 'cpu', '--precision', 'fp32', '--no-warmup',
-         '--hyp', 'opt.batch_size=64', '--hyp', 'curve.noise=0.03']
 VOLATILE = ('started', 'finished', 'launch')  # what a run trained again changes in its record
 
 
-def argv(study_dir, image_folder, runs=3):
-    return [STAND_IN, '--runs', str(runs), '--study-dir', str(study_dir), '--save-logits', '--',
-            *QUICK, '--data-dir', image_folder]
+def launch_argv(study_dir, data_dir, runs=3):
+    return argv(study_dir, data_dir, '--save-logits', runs=runs,
+                flags=[*STAND_IN_FLAGS, '--hyp', 'curve.noise=0.03'])
 
 
 @pytest.fixture(scope='module')
-def pristine_study(tmp_path_factory):
-    """A finished study of the stand-in (3 runs with saved logits), launched once for the module,
-    and its data."""
-    root = tmp_path_factory.mktemp('damage')
-    image_folder = write_image_folder(str(root / 'data'))
+def pristine_study(tmp_path_factory, image_folder):
+    """A finished study of the stand-in (3 runs with saved logits, its report without plots),
+    launched once for the module."""
+    study_dir = tmp_path_factory.mktemp('damage') / 'study'
     with pytest.MonkeyPatch.context() as patch:
         for key in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK'):
             patch.delenv(key, raising=False)
-        assert study.main(argv(root / 'study', image_folder)) == 0
-    return root / 'study', image_folder
+        patch.setattr(studylib.report, 'plot', lambda *args: None)
+        assert study.main(launch_argv(study_dir, image_folder)) == 0
+    return study_dir
 
 
 @pytest.fixture
 def finished_study(pristine_study, tmp_path, capsys):
     """A copy of the pristine study for one test to damage, and its records."""
     study_dir = tmp_path / 'study'
-    shutil.copytree(pristine_study[0], study_dir)
+    shutil.copytree(pristine_study, study_dir)
     capsys.readouterr()
     return study_dir, records(study_dir)
-
-
-@pytest.fixture
-def image_folder(pristine_study):
-    return pristine_study[1]
 
 
 def cut_short(path, keep=0.5):
@@ -113,7 +104,7 @@ def test_a_damaged_run_is_not_counted_set_aside_and_trained_again_with_its_seeds
     assert capsys.readouterr().err.splitlines() == [f'warning: damaged, not counted: {line}']
 
     # The launch sets it aside, says so in one line, and trains that run again
-    assert study_main(argv(study_dir, image_folder)) == 0
+    assert study_main(launch_argv(study_dir, image_folder)) == 0
     (note,) = [line for line in capsys.readouterr().out.splitlines() if 'set aside' in line]
     assert note.startswith(f'set aside 1 damaged file of {study_dir}, not counted and kept in '
                            f'{study_dir}/set_aside (2 moved): runs/baseline/00001.json ({why}: ')
@@ -129,31 +120,46 @@ def test_a_damaged_run_is_not_counted_set_aside_and_trained_again_with_its_seeds
     assert study_summary(study_dir)['damaged'] == []
 
 
-def test_a_directory_that_no_configuration_names_is_set_aside(finished_study, study_main,
-                                                              image_folder, capsys):
-    """Its records would otherwise count for a later configuration of that name, whatever its
-    hyp: a record names its configuration, not what the configuration was."""
-    study_dir, before = finished_study
+def ghost_directory(study_dir):
     stray = study_dir / 'runs' / 'ghost'
     stray.mkdir()
-    (stray / '00000.json').write_bytes((study_dir / 'runs' / 'baseline' / '00000.json').read_bytes())
-    assert study_main(argv(study_dir, image_folder)) == 0
-    (note,) = [line for line in capsys.readouterr().out.splitlines() if 'set aside' in line]
-    assert 'runs/ghost (no-configuration: study.json has no configuration ghost)' in note
-    assert (study_dir / 'set_aside' / 'ghost.no-configuration' / '00000.json').exists()
-    assert not stray.exists() and records(study_dir) == before  # nothing trained again
+    shutil.copy(study_dir / 'runs' / 'baseline' / '00000.json', stray)
 
 
-def test_a_study_json_cut_short_is_read_from_its_copy(finished_study, study_main, image_folder,
-                                                      capsys):
+@pytest.mark.parametrize('make, said, kept', [
+    # records that would count for a later configuration of that name, whatever its hyp: a record
+    # names its configuration, not what the configuration was
+    (ghost_directory, 'runs/ghost (no-configuration: study.json has no configuration ghost)',
+     'ghost.no-configuration/00000.json'),
+    (lambda study_dir: (study_dir / 'runs' / 'baseline' / '00002.failed.json').write_text(
+        '{"failures": ['), 'runs/baseline/00002.failed.json (unreadable: not JSON: ',
+     'baseline/00002.failed.json.unreadable')], ids=['a directory no configuration names',
+                                                     'a record of failed tries cut short'])
+def test_what_is_no_run_is_not_counted_and_set_aside(make, said, kept, finished_study,
+                                                     study_main, image_folder, capsys):
     study_dir, before = finished_study
+    make(study_dir)
+    assert study_main(['report', str(study_dir)]) == 0
+    summary = study_summary(study_dir)
+    assert (summary['runs_finished'], summary['runs_failed']) == (3, 0)
+    assert study_main(launch_argv(study_dir, image_folder)) == 0
+    (note,) = [line for line in capsys.readouterr().out.splitlines() if 'set aside' in line]
+    assert said in note and (study_dir / 'set_aside' / kept).exists()
+    assert records(study_dir) == before  # nothing trained again
+    assert not [path for path in (study_dir / 'runs').rglob('*') if 'ghost' in str(path) or
+                path.name.endswith('.failed.json')]
+
+
+def test_a_study_json_cut_short_is_read_from_its_copy_and_refused_without_one(
+        finished_study, study_main, image_folder, capsys):
+    study_dir, _ = finished_study
     cut_short(study_dir / 'study.json')
     damaged = (study_dir / 'study.json').read_bytes()
     assert study_main(['report', str(study_dir)]) == 0
     assert study_summary(study_dir)['damaged'][0].startswith(
         f'study.json ({study_dir}/study.json is unreadable (not JSON: ')
     capsys.readouterr()
-    assert study_main(argv(study_dir, image_folder, runs=4)) == 0  # and extended
+    assert study_main(launch_argv(study_dir, image_folder, runs=4)) == 0  # and extended
     out = capsys.readouterr().out
     assert f'{study_dir}/study.json is unreadable (not JSON: ' in out
     assert 'the study was read from its copy study.backup.json; the damaged file is kept as ' \
@@ -162,35 +168,21 @@ def test_a_study_json_cut_short_is_read_from_its_copy(finished_study, study_main
     study = json.loads((study_dir / 'study.json').read_text())
     assert study == json.loads((study_dir / 'study.backup.json').read_text())
     assert study['runs'] == 4 and len(study['launches']) == 2
-    assert len(records(study_dir)) == 4
+    before = records(study_dir)
+    assert len(before) == 4
 
-
-def test_a_study_json_without_an_intact_copy_is_refused_keeping_the_records(
-        finished_study, study_main, image_folder, capsys):
-    study_dir, before = finished_study
-    for name in ('study.json', 'study.backup.json'):
+    for name in ('study.json', 'study.backup.json'):  # the copy too: refused, records kept
         cut_short(study_dir / name)
-    for command in (argv(study_dir, image_folder), ['report', str(study_dir)]):
+    for command in (launch_argv(study_dir, image_folder, runs=4), ['report', str(study_dir)]):
         assert study_main(command) == errors.StudyError.exit_status
         (line,) = capsys.readouterr().err.splitlines()
         assert line.startswith(f'error: {study_dir}/study.backup.json is unreadable (not JSON: ')
         assert line.endswith('study.json is unreadable too: restore one of them from a copy of '
                              'your own, or use another --study-dir')
     (study_dir / 'study.backup.json').unlink()
-    assert study_main(argv(study_dir, image_folder)) == 1
+    assert study_main(launch_argv(study_dir, image_folder, runs=4)) == 1
     assert 'it has no copy' in capsys.readouterr().err
     assert records(study_dir) == before
-
-
-def test_a_damaged_record_of_failed_tries_is_set_aside(finished_study, study_main, image_folder,
-                                                       capsys):
-    study_dir, before = finished_study
-    (study_dir / 'runs' / 'baseline' / '00002.failed.json').write_text('{"failures": [')
-    assert study_main(['report', str(study_dir)]) == 0
-    assert study_summary(study_dir)['runs_failed'] == 0
-    assert study_main(argv(study_dir, image_folder)) == 0
-    assert 'runs/baseline/00002.failed.json (unreadable: not JSON: ' in capsys.readouterr().out
-    assert (study_dir / 'set_aside' / 'baseline' / '00002.failed.json.unreadable').exists()
 
 
 class FullDisk:
@@ -220,7 +212,7 @@ def test_a_disk_that_fills_while_a_record_is_written_leaves_no_run_and_says_so(
         return FullDisk(file) if 'w' in mode and re.search(r'/runs/.*\.json', str(path)) else file
 
     monkeypatch.setattr(files, 'open', open_on_a_full_disk, raising=False)
-    assert study_main(argv(study_dir, image_folder)) == errors.StorageError.exit_status
+    assert study_main(launch_argv(study_dir, image_folder)) == errors.StorageError.exit_status
     error = capsys.readouterr().err.splitlines()[-1]
     assert error == (f'error: {study_dir}/runs/baseline/00000.json could not be written (No space '
                      'left on device); nothing half-written was kept: free space on its disk (or '
@@ -228,7 +220,7 @@ def test_a_disk_that_fills_while_a_record_is_written_leaves_no_run_and_says_so(
     assert not [name for name in os.listdir(study_dir / 'runs' / 'baseline')
                 if name.endswith('.json') or '.tmp' in name]
     monkeypatch.undo()  # space is freed: the same command trains every run
-    assert study_main(argv(study_dir, image_folder)) == 0
+    assert study_main(launch_argv(study_dir, image_folder)) == 0
     assert len(records(study_dir)) == 3
 
 
@@ -246,7 +238,7 @@ def test_a_file_size_limit_while_outputs_are_written(tmp_path):
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG for the write, not a killed process
         resource.setrlimit(resource.RLIMIT_FSIZE, (12 << 10, 12 << 10))
 
-    command = [sys.executable, STUDY, *argv(study_dir, folder, runs=2)]
+    command = [sys.executable, STUDY, *launch_argv(study_dir, folder, runs=2)]
     result = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=300,
                             preexec_fn=limit_file_size)
     assert result.returncode == errors.StorageError.exit_status, result.stderr[-2000:]
@@ -256,20 +248,6 @@ def test_a_file_size_limit_while_outputs_are_written(tmp_path):
     assert records(study_dir) == {} and not list((study_dir / 'runs').rglob('*.tmp*'))
     again = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=300)
     assert again.returncode == 0 and len(records(study_dir)) == 2
-
-
-def test_the_report_exit_statuses(finished_study, study_main, tmp_path, monkeypatch, capsys):
-    study_dir, _ = finished_study
-    assert study_main(['report', str(tmp_path / 'nothing')]) == 1  # refused
-    assert 'holds no study' in capsys.readouterr().err
-
-    def broken(*args, **kwargs):
-        raise KeyError('ghost')
-    monkeypatch.setattr(studylib.report, 'summarize', broken)
-    assert study_main(['report', str(study_dir)]) == errors.ReportFailed.exit_status
-    (line,) = capsys.readouterr().err.splitlines()
-    assert line == (f"error: the report of {study_dir} could not be written (KeyError: 'ghost'); "
-                    f'the runs are kept: rebuild it with python study.py report {study_dir}')
 
 
 def test_a_run_trained_again_replaces_its_votes_in_the_kept_tally(tmp_path):

@@ -1,9 +1,6 @@
-"""study.py on a GPU, checked without one: the engine's whole device path under a stand-in
-for the CUDA driver that keeps torch's own rules (tests/cuda_stand_in.py): --device auto, cuda and
-cuda:N at world sizes 1 and 2, setup_process, prepare_device and the environment record; a GPU past
-the last refused in one line; a run that fails with a CUDA error still recorded. What a GPU would
-compile: the saved outputs evaluated as the method evaluates, every forward pass of a run met in
-the warmup, one network per architecture."""
+"""study.py on a GPU, checked without one: the engine's device path under a stand-in for the
+CUDA driver that keeps torch's own rules (tests/cuda_stand_in.py), and what a GPU would compile:
+the evaluations of the runs and their outputs, the warmup, the networks."""
 import glob
 import json
 import logging
@@ -13,9 +10,10 @@ import types
 import pytest
 import torch
 
-from conftest import REPO, load_script
+from conftest import load_script
 from cuda_stand_in import GPU_NAME, cuda_stand_in, needs_cuda_build
-from test_study import records, study_main, training  # noqa: F401
+from test_study import (METHOD_API_ONLY, STAND_IN, STAND_IN_FLAGS, accuracy_of, argv,  # noqa
+                        image_folder, outputs_of, records, study_main, training)
 
 import studylib.runs  # noqa: E402
 import studylib.scripts  # noqa: E402
@@ -24,11 +22,9 @@ from studylib.device import prepare_device  # noqa: E402
 from studylib.device import world_environment  # noqa: E402
 from studylib.errors import StudyError  # noqa: E402
 from studylib.launch import device_failure, train_one  # noqa: E402
-from studylib.records import FailedTry  # noqa: E402
 from studylib.plan import setup_process  # noqa: E402
-
-STAND_IN = os.path.join(REPO, 'tests', 'stand_in_script.py')
-
+from studylib.records import FailedTry  # noqa: E402
+from studylib.runs import EntriesRead  # noqa: E402
 
 
 def study_args(image_folder, device):
@@ -82,7 +78,7 @@ def test_a_gpu_past_the_last_is_refused_in_one_line(device, size, local_rank, me
 @needs_cuda_build
 def test_without_a_gpu_cuda_is_refused(image_folder, monkeypatch):
     with cuda_stand_in(monkeypatch, count=0):
-        with pytest.raises(StudyError, match='sees no CUDA device; use --device cpu or auto'):
+        with pytest.raises(StudyError, match='sees no CUDA device; use --device cpu'):
             setup_process(study_args(image_folder, 'cuda'), world(1, 0))
         process = setup_process(study_args(image_folder, 'auto'), world(1, 0))
         assert process.device == torch.device('cpu')
@@ -115,74 +111,71 @@ def test_a_run_that_fails_with_a_cuda_error_is_recorded(monkeypatch):
         assert driver.calls[-1] == ('emptyCache',)
 
 
-def hiverge_study(study_main, image_folder, study_dir, *flags):
-    return study_main(['airbench94_hiverge', '--runs', '2', '--study-dir', str(study_dir),
-                       '--save-logits', *flags, '--', *training(warmup=True),
-                       '--data-dir', image_folder])
-
-
-def test_saved_logits_are_the_methods_own(study_main, image_folder, tmp_path):
-    """airbench94_hiverge gives TTA to the least confident quarter of the test images: its saved
-    TTA logits are the plain ones on the other three quarters, exactly (not TTA on every image)."""
-    study_dir = tmp_path / 'study'
-    assert hiverge_study(study_main, image_folder, study_dir, '--val-split', '64') == 0
-    for (config, run), record in records(study_dir).items():
-        outputs = torch.load(study_dir / 'runs' / config / f'{run:05d}.pt')
-        num_test = len(outputs['logits'])
-        plain_rows = (outputs['logits'] == outputs['logits_plain']).all(1).sum().item()
-        assert plain_rows == num_test - int(num_test * 0.25) and num_test == 128
-        labels = torch.tensor(json.load(open(study_dir / 'test_labels.json')))
-        accuracy = (outputs['logits'].argmax(1) == labels).float().mean().item()
-        assert record['test_acc'] == accuracy and record['accuracy_on'] == 'validation'
-
-
-def test_the_warmup_meets_every_forward_pass_of_the_runs_and_their_outputs(
+def test_the_saved_logits_are_the_methods_own_and_the_warmup_meets_every_forward_pass(
         study_main, image_folder, tmp_path, monkeypatch):
-    """On CUDA a forward pass the warmup did not meet compiles (and captures a CUDA graph) inside
-    a timed run: the record lists such passes, and a study's runs and saved outputs have none."""
-    study_dir = tmp_path / 'study'
-    assert hiverge_study(study_main, image_folder, study_dir, '--val-split', '64') == 0
-    found = records(study_dir)  # checked on the first run; the second meets the same passes
+    """airbench94_hiverge gives TTA to the least confident quarter of the test images: its saved
+    TTA logits are the plain ones on the other three quarters, exactly (not TTA on every image).
+    On CUDA a forward pass the warmup did not meet compiles (and captures a CUDA graph) inside a
+    timed run: the record lists such passes, and a study's runs and saved outputs have none."""
+    flags = ['--save-logits', '--val-split', '64']
+    assert study_main(argv(tmp_path, image_folder, *flags, runs=2, script='airbench94_hiverge',
+                           flags=training(warmup=True))) == 0
+    labels = torch.tensor(json.load(open(tmp_path / 'test_labels.json')))
+    found = records(tmp_path)
+    for (config, run), record in found.items():
+        outputs = outputs_of(tmp_path, config, run)
+        plain_rows = (outputs['logits'] == outputs['logits_plain']).all(1).sum().item()
+        assert len(outputs['logits']) == 128 and plain_rows == 128 - int(128 * 0.25)
+        assert record['test_acc'] == accuracy_of(outputs['logits'], labels)
+        assert record['accuracy_on'] == 'validation'
+    # checked on the first run; the second meets the same passes
     assert [found[('baseline', run)].get('forward_variants_not_warmed_up') for run in (0, 1)] == [
         [], None]
-    # The control: a warmup that skips the saved outputs' evaluation leaves its passes unmet
+    # The control: a warmup that skips the saved outputs' evaluation leaves its passes unmet (a
+    # script of a linear network, quick to train: its infer's batches of 100 of the test set)
     runner_warm_up = studylib.runs.Runner.warm_up
 
     def warm_up_without_outputs(runner, configs):
-        monkeypatch.setattr(runner, 'evaluates_test_set', lambda: False)
-        runner_warm_up(runner, configs)
-        monkeypatch.undo()
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(runner, 'evaluates_test_set', lambda: False)
+            runner_warm_up(runner, configs)
     monkeypatch.setattr(studylib.runs.Runner, 'warm_up', warm_up_without_outputs)
-    control_dir = tmp_path / 'control'
-    assert hiverge_study(study_main, image_folder, control_dir, '--val-split', '64') == 0
-    unmet = records(control_dir)[('baseline', 0)]['forward_variants_not_warmed_up']
-    # the test set's plain pass (128 images) and TTA's (6 views of the least confident 32)
-    assert unmet == ['airbench94_hiverge network 1: eval, no grad, 128x3x32x32 float32 '
-                     'channels_last, 13 of 21 parameters trainable',
-                     'airbench94_hiverge network 1: eval, no grad, 192x3x32x32 float32 '
-                     'channels_last, 13 of 21 parameters trainable'], unmet
+    assert study_main(argv(tmp_path / 'control', image_folder, *flags, script=METHOD_API_ONLY,
+                           flags=[*STAND_IN_FLAGS[:-1], '--warmup'])) == 0
+    unmet = records(tmp_path / 'control')[('baseline', 0)]['forward_variants_not_warmed_up']
+    assert unmet == [f'{METHOD_API_ONLY} network 1: train, no grad, {images}x3x32x32 float32 '
+                     'channels_last, 2 of 2 parameters trainable' for images in (100, 28)], unmet
+
+
+WIDE_STAND_IN = """
+BUILT = []
+
+
+def build_net(arch, num_classes, device, precision):  # a network of arch['width']
+    BUILT.append(arch['width'])
+    return StandIn(num_classes)
+"""
 
 
 def test_configurations_that_differ_beyond_the_architecture_share_one_network(
-        study_main, image_folder, tmp_path, monkeypatch):
-    """A network (on CUDA: compiled, with its CUDA graphs' memory) per script and architecture:
-    configurations that differ in TTA or the whitening's init use the same one."""
-    built = []
-    module = studylib.scripts.load_script(os.path.join(REPO, 'airbench94.py'))
-    build_net = module.build_net
-
-    def recording(arch, *args):
-        built.append(arch['widths']['block1'])  # as build_net reads it: no other entry read
-        return build_net(arch, *args)
-    monkeypatch.setattr(module, 'build_net', recording)
-    monkeypatch.setattr(studylib.scripts, 'load_script', lambda path: module)
-    assert study_main(['airbench94', '--runs', '1', '--study-dir', str(tmp_path / 'study'),
-                       '--config', 'base', '--config', 'tta1', 'net.tta_level=1',
-                       '--config', 'eps', 'net.whiten_eps=0.001', '--config', 'narrow',
-                       "net.widths={'block1': 8, 'block2': 8, 'block3': 8}",
-                       '--', *training(warmup=True), '--data-dir', image_folder]) == 0
-    assert built == [16, 8]
-    assert len(records(tmp_path / 'study')) == 4
+        study_main, image_folder, tmp_path):
+    """A network (on CUDA: compiled, with its CUDA graphs' memory) per script and architecture,
+    the entries of hyp['net'] that build_net reads: configurations that differ in anything else
+    (TTA, airbench94's whitening init) use the same one."""
+    copy = tmp_path / 'wide.py'
+    copy.write_text(open(STAND_IN).read().replace("'net': {'tta_level': 2}",
+                                                  "'net': {'tta_level': 2, 'width': 16}") +
+                    WIDE_STAND_IN)
+    module = studylib.scripts.load_script(str(copy))
+    assert study_main(argv(tmp_path / 'study', image_folder, '--config', 'base', '--config',
+                           'tta1', 'net.tta_level=1', '--config', 'lower', 'curve.c=0.05',
+                           '--config', 'narrow', 'net.width=8', script=str(copy),
+                           flags=[*STAND_IN_FLAGS, '--warmup']), module) == 0
+    assert module.BUILT == [16, 8] and len(records(tmp_path / 'study')) == 4
+    airbench94 = load_script('airbench94')
+    arch = EntriesRead(airbench94.hyp['net'])
+    airbench94.build_net(arch, 10, torch.device('cpu'), 'fp32')
+    assert arch.read and not arch.read & {'tta_level', 'whiten_eps'}, arch.read
 
 
 def test_a_run_during_which_torch_compile_hit_its_limit_fails_and_the_process_stops(
@@ -199,16 +192,14 @@ def test_a_run_during_which_torch_compile_hit_its_limit_fails_and_the_process_st
                 'torch._dynamo hit config.%s (%s)\n   function: %s', 'recompile_limit', 8, 'inner')
         return train(data, hyp, device, precision, seeds, *args, **kwargs)
     monkeypatch.setattr(module, 'train', train_hitting_the_limit)
-    study_dir = tmp_path / 'study'
-    assert study_main([STAND_IN, '--runs', '3', '--study-dir', str(study_dir), '--', '--dataset',
-                       'folder', '--device', 'cpu', '--no-warmup', '--data-dir', image_folder],
-                      script=module) == 2
-    assert sorted(records(study_dir)) == [('baseline', 0)]
-    failed = json.load(open(study_dir / 'runs' / 'baseline' / '00001.failed.json'))
+    assert study_main(argv(tmp_path, image_folder, runs=3), script=module) == 2
+    assert sorted(records(tmp_path)) == [('baseline', 0)]
+    failed = json.load(open(tmp_path / 'runs' / 'baseline' / '00001.failed.json'))
     (attempt,) = failed['failures']
     assert attempt['error_type'] == 'RecompileLimitHit'
     assert 'hit config.recompile_limit (8)' in attempt['error']
-    assert not glob.glob(str(study_dir / 'runs' / 'baseline' / '00002*'))
+    assert not glob.glob(str(tmp_path / 'runs' / 'baseline' / '00002*'))
+
 
 def compiling_as_on_cuda(monkeypatch, graphs):
     """Every script compiled as on CUDA (compiles(device) forced), by dynamo with a backend that
@@ -240,7 +231,8 @@ def compiling_as_on_cuda(monkeypatch, graphs):
 
 MIXED = [('hiverge', 'airbench94_hiverge'), ('muon', 'airbench94_muon'),
          ('compiled', 'airbench94_compiled'),
-         ('hiverge16', 'airbench94_hiverge', "net.widths={'block1': 16, 'block2': 16, 'block3': 16}")]
+         ('hiverge16', 'airbench94_hiverge',
+          "net.widths={'block1': 16, 'block2': 16, 'block3': 16}")]
 
 
 @pytest.mark.slow
