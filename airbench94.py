@@ -615,7 +615,7 @@ def main(argv=None):
                             std=statistics.stdev(values))
             print(f"{key}: mean {log[key]['mean']:.4f}  std {log[key]['std']:.4f}  n {len(values)}")
     write_log(status)
-    print(f'Log: {os.path.abspath(log_dir)}')
+    print(f'Log: {log_dir}')  # as --log-dir gives it
     return {'finished': 0, 'diverged': 1, 'interrupted': 130}[status]
 
 if __name__ == '__main__':

@@ -40,12 +40,16 @@ class Parser(argparse.ArgumentParser):
         raise StudyError(message)
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Each flag's default, and the epilog as written: the flags after -- with their help."""
+
+
 def study_parser(description):
-    parser = Parser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-                    epilog='Flags after --: the data, device, precision, --epochs and --hyp of '
-                    'every configuration (docs/studies.md lists them). Under torchrun: one '
-                    'process per GPU. '
-                    '`python study.py report DIR` rebuilds the summary, report and plots.')
+    epilog = ('The flags after --, for every configuration (SCRIPT ... -- --help: these alone)\n' +
+              flag_parser().format_help().partition('options:\n')[2] +
+              '\nUnder torchrun: one process per GPU. python study.py report DIR rebuilds the '
+              'summary, report and plots.')
+    parser = Parser(description=description, formatter_class=HelpFormatter, epilog=epilog)
     add = parser.add_argument
     add('script', help=f'the default script of the configurations: one of '
         f'{", ".join(available_scripts())} (with or without .py), or the path of a .py file')
@@ -73,8 +77,9 @@ def study_parser(description):
         'process has sent no heartbeat for this long (a lost machine)')
     add('--compile-jobs', type=int, default=default_compile_jobs(), metavar='N', help='before the '
         'runs, compile the configurations whose networks compile (a compiled script\'s) once per '
-        'machine, each in a process of its own, N at once (default: one per 4 cores); 0: each '
-        'process compiles in its own warmups')
+        'machine, each in a process of its own, N at once; below 2 none is: each process '
+        'compiles in its own warmups (default: one per 4 cores, at least 1, so none below 8 '
+        'cores; here %(default)s)')
     return parser
 
 
@@ -167,6 +172,9 @@ def parse_args(argv):
     split = argv.index('--') if '--' in argv else len(argv)
     script_flags = argv[split + 1:]
     argv = argv[:split]
+    if {'-h', '--help'} & set(script_flags):
+        flag_parser().print_help()
+        raise SystemExit(0)
     parser = study_parser('Many trainings of the airbench scripts, on every GPU of one or many '
                           'machines, with the statistics that research studies need.')
     args = parse_known(parser, argv)
@@ -229,7 +237,8 @@ class FlagParser(argparse.ArgumentParser):
 
 
 def flag_parser():
-    parser = FlagParser(prog='study.py ... --', add_help=False)
+    parser = FlagParser(prog='study.py SCRIPT ... --', add_help=False,
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add = parser.add_argument
     add('--dataset', default='cifar10', choices=DATASETS,
         help='folder: any image-folder dataset; the others also from their torchvision layout')
@@ -237,11 +246,15 @@ def flag_parser():
         "test/<class>/*) or torchvision's layout (downloaded when absent); cached as tensors")
     add('--train-splits', default='train', help='image-folder splits to train on, e.g. train,valid')
     add('--device', default='auto', help='auto (CUDA if present), cpu, cuda, cuda:1, ...')
-    add('--precision', default='auto', choices=['auto', 'fp16', 'bf16', 'fp32'])
+    add('--precision', default='auto', choices=['auto', 'fp16', 'bf16', 'fp32'], help="auto: the "
+        "scripts' own (fp16 on CUDA, bf16 autocast on a CPU with native bf16, else fp32)")
     add('--epochs', type=float, help='the same as --hyp opt.train_epochs=EPOCHS, applied first')
-    add('--hyp', action='append', default=[], metavar='KEY=VALUE')
-    add('--epoch-eval', action=argparse.BooleanOptionalAction, default=True, help='untimed')
-    add('--warmup', action=argparse.BooleanOptionalAction, default=True, help='untimed, dummy data')
+    add('--hyp', action='append', default=[], metavar='KEY=VALUE', help='a hyp entry of every '
+        "configuration (repeatable), e.g. opt.lr=10, checked by the script's rules before any run")
+    add('--epoch-eval', action=argparse.BooleanOptionalAction, default=True,
+        help='the untimed evaluation after each epoch')
+    add('--warmup', action=argparse.BooleanOptionalAction, default=True,
+        help='an untimed warmup of each configuration on random data before the timed runs')
     add('--deterministic', action='store_true', help='CUDA: a seed repeats a run bitwise (slower)')
     for flag in FOR_STUDY_PY.values():
         add(flag, help=argparse.SUPPRESS)

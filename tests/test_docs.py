@@ -4,10 +4,11 @@ and test commands are the ones CI runs."""
 import glob
 import os
 import re
+import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, load_script, tiny_hyp, with_entries
 
 DOCUMENTS = ['README.md', 'CHANGELOG.md', 'tools/README.md', *sorted(
     os.path.relpath(path, REPO) for path in glob.glob(os.path.join(REPO, 'docs', '*.md')))]
@@ -133,3 +134,40 @@ def test_readme_install_and_test_commands_are_what_ci_runs():
     assert install and test
     for command in {*install, *(c.partition('#')[0].strip() for c in test)}:
         assert command in ci, f'README says {command!r}; .ci/run does not run it'
+
+
+def readme_block(heading):
+    """The first indented block of README.md after the heading: its lines, unindented."""
+    after = read('README.md').partition(f'\n## {heading}\n')[2]
+    lines = after.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith('    '))
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith('    ')),
+               len(lines))
+    return [line[4:] for line in lines[start:end]]
+
+
+def test_readmes_example_from_ones_own_code_runs(image_folder, monkeypatch, capsys):
+    """As written, but on the tests' image folder and airbench94's tiny network: it trains and
+    prints the run's TTA accuracy (4 classes: chance is 0.25) and its timed seconds."""
+    code = '\n'.join(readme_block('From your own code'))
+    assert "load_dataset('data/cifar10')" in code
+    script = load_script('airbench94')
+    monkeypatch.setattr(script, 'hyp', with_entries(script.hyp, tiny_hyp('airbench94')))
+    monkeypatch.setitem(sys.modules, 'airbench94', script)
+    exec(code.replace("'data/cifar10'", repr(image_folder)), {})
+    accuracy, seconds = map(float, capsys.readouterr().out.split())
+    assert accuracy > 0.6 and seconds > 0
+
+
+def test_every_figure_of_readmes_results_is_in_docs_gpu_with_its_date_and_commit():
+    """Each measured row of README's results table has a row in docs/gpu.md's table of the newest
+    measurements naming the same script, date and commit and holding every figure of it."""
+    rows = re.findall(r'^\| `(airbench\w+)\.py` \|.*\| (\d{4}-\d\d-\d\d), (\w{7}), (.*) \|$',
+                      read('README.md'), re.MULTILINE)
+    assert len(rows) == 5
+    gpu_rows = [line for line in read('docs/gpu.md').splitlines() if line.startswith('| ')]
+    for script, date, commit, figures in rows:
+        numbers = re.findall(r'\d+\.\d+%?(?: s)?', figures)
+        assert numbers, figures
+        assert any(all(text in line for text in [script, date, commit, *numbers])
+                   for line in gpu_rows), f'{script}: {date}, {commit}, {numbers}'

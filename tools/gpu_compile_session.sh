@@ -12,8 +12,11 @@
 #      evaluation left out of the timed seconds must not hide host time;
 #   4. the profile of one timed run, every kernel counted (tools/profile_run.py trace);
 #   5. airbench96 and airbench96_faster beside the published scripts (gpu_bench.py).
-# Run from the repository's root, with ../shared's tools, reference and data copied to .gpu/ (see
-# the developers' guide): bash tools/gpu_compile_session.sh; every output goes under $OUT.
+# Run from the repository's root: bash tools/gpu_compile_session.sh; every output goes under $OUT.
+# It needs, in .gpu/ (outside git's view), data/cifar10-jpeg.tar.gz (the JPEG CIFAR-10 of
+# docs/cpu.md), the maintainers' side-by-side harness tools/gpu_bench.py and the published scripts
+# it runs (reference/, tools/reference.py says where they are published); without them step 5 and
+# the data fail, and say so in steps.txt.
 set -u
 OUT=${OUT:-/tmp/gpu-compile-session}
 DATA=/tmp/cifar10-jpeg
