@@ -1,12 +1,11 @@
-"""A machine with GPUs, for the engine's device path on a machine without one: torch._C's CUDA
-driver entry points are stood in for, and nothing above them. torch.cuda's own Python runs as on a
-GPU machine: its argument checks (_get_device_index refuses a bare 'cuda'), its lazy
-initialization, the device count's caching and its range checks ('Invalid device id'). What the
-stand-in cannot do is allocate: a tensor made on 'cuda' still asks the real runtime, and fails.
+"""GPUs for the engine's device path on a machine without one: torch._C's CUDA driver entry points
+are stood in for, and nothing above them, so that torch.cuda's own Python (argument checks, lazy
+initialization, the device count's cache and range checks) runs as on a GPU machine. It cannot
+allocate: a tensor made on 'cuda' still asks the real runtime, and fails.
 
-Use: `with cuda_stand_in(monkeypatch, count=2) as driver:`; driver.current is the device that
-torch._C._cuda_setDevice last selected, driver.calls every driver call, and driver.sticky_error
-(a message) makes every later driver call fail as after an illegal memory access."""
+`with cuda_stand_in(monkeypatch, count=2) as driver:`; driver.current is the device last selected,
+driver.calls every driver call, and driver.sticky_error (a message) fails every later call, as
+after an illegal memory access."""
 import contextlib
 import types
 
@@ -17,8 +16,6 @@ GPU_NAME = 'NVIDIA H100 80GB HBM3'
 
 
 class CudaDriver:
-    """The stand-in for the driver's side of torch._C: `count` GPUs named GPU_NAME."""
-
     def __init__(self, count):
         self.count = count
         self.current = 0
@@ -62,21 +59,17 @@ class CudaDriver:
         self.call('synchronize')
 
 
-def has_cuda_entry_points():
-    return hasattr(torch._C, '_cuda_getDeviceCount') and hasattr(torch._C, '_cudart')
-
-
 needs_cuda_build = pytest.mark.skipif(
-    not has_cuda_entry_points() or torch.cuda.is_available(), reason=(
+    not hasattr(torch._C, '_cuda_getDeviceCount') or not hasattr(torch._C, '_cudart')
+    or torch.cuda.is_available(), reason=(
         'the stand-in replaces the driver calls of a CUDA build of torch on a machine without a '
-        f'GPU; this is torch {torch.__version__} '
+        f"GPU; this is torch {torch.__version__} "
         f"{'with a GPU' if torch.cuda.is_available() else 'without CUDA'}"))
 
 
 @contextlib.contextmanager
 def cuda_stand_in(monkeypatch, count=2):
-    """torch._C's driver entry points replaced by a CudaDriver of `count` GPUs, and torch.cuda's
-    state of a process that has not touched CUDA yet (restored afterwards by monkeypatch)."""
+    """Also torch.cuda's state of a process that has not touched CUDA yet (monkeypatch restores)."""
     driver = CudaDriver(count)
     entry_points = {'_cuda_getDeviceCount': driver.get_device_count, '_cuda_init': driver.init,
                     '_cuda_setDevice': driver.set_device, '_cuda_getDevice': driver.get_device,

@@ -2,9 +2,7 @@
 report's (tests/engine); and a real curve whose errors fall faster and faster."""
 import numpy as np
 
-from conftest import load_script
-
-from studylib.stats.fits import PowerLaw  # noqa: E402
+from studylib.stats.fits import PowerLaw
 
 EPOCHS = [10, 20, 40, 80]
 LAW = PowerLaw(a=-1.3, b=0.5, c=0.05)

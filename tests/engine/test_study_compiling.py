@@ -1,5 +1,5 @@
-"""Compiling a study's configurations once per machine, before the runs (studylib.compiling):
-in one process with the compiling processes stood in for; slow, the real thing under torchrun."""
+"""Compiling a study's configurations once per machine, before the runs (studylib.compiling): the
+compiling processes stood in for; slow, the real thing under torchrun."""
 import glob
 import io
 import json
@@ -31,8 +31,7 @@ RESULT = dict(graphs=5, compiled=6, from_cache=0)  # what a compiling process sa
 
 @pytest.fixture
 def compiled_stand_in(tmp_path):
-    """The stand-in script, its network compiled as a compiled script's (torch.compile wraps its
-    forward, which its train never calls: nothing compiles)."""
+    """The stand-in, its forward wrapped by torch.compile as a compiled script's (never called)."""
     path = tmp_path / 'compiled_stand_in.py'
     path.write_text(open(STAND_IN).read() + '''
 
@@ -46,8 +45,7 @@ def build_net(arch, num_classes, device, precision):
 
 @pytest.fixture
 def compile_processes(monkeypatch):
-    """Compiling processes stood in for: each job is appended to the list returned, and its
-    process says RESULT after 0.2 s (or the error of a job whose config starts with 'broken')."""
+    """Each job appended to the list returned; after 0.2 s RESULT, or an error for 'broken*'."""
     jobs = []
 
     def run(job, compile_threads):
@@ -76,18 +74,18 @@ def test_a_network_that_torch_compile_wraps_is_told_apart():
 
 def test_each_compiled_configuration_compiles_once_before_the_runs(
         study_main, compiled_stand_in, compile_processes, image_folder, tmp_path, capsys):
-    """Three configurations, two of them one (script, hyp) but for the epochs: two compiling
-    processes, at once, each told the shapes of the runs' warmup; then every configuration's warmup
-    in this process; what each stage cost in DIR/compiles/LAUNCH.json and report.md."""
+    """Four configurations, two of one (script, hyp) but for the epochs: three compiling
+    processes, two at once, told the warmup's shapes; then each warmup (a failed compile's too);
+    the costs in compiles/ and report.md."""
     study_dir = tmp_path / 'study'
     assert study_main(argv(study_dir, image_folder, '--config', 'a', '--config', 'b',
-                           'aug.flip=random', '--config', 'c', 'opt.train_epochs=5',
-                           '--compile-jobs', '2', '--save-logits', script=compiled_stand_in,
-                           flags=WARMUP)) == 0
+                           'aug.flip=random', '--config', 'c', 'opt.train_epochs=5', '--config',
+                           'broken', 'aug.flip=none', '--compile-jobs', '2', '--save-logits',
+                           script=compiled_stand_in, flags=WARMUP)) == 0
     jobs = sorted(compile_processes, key=lambda entry: entry[0].config)
-    assert [job.config for job, _ in jobs] == ['a', 'b']
+    assert [job.config for job, _ in jobs] == ['a', 'b', 'broken']
     assert {threads for _, threads in jobs} == {max(1, compiling.usable_cores() // 2)}
-    (job, _), _ = jobs
+    job = jobs[0][0]
     assert (job.script, job.device, job.precision, job.num_classes) == (
         compiled_stand_in, 'cpu', 'fp32', 4)
     assert (job.num_eval, job.num_test, job.save_plain) == (128, 128, True)
@@ -95,16 +93,19 @@ def test_each_compiled_configuration_compiles_once_before_the_runs(
     found = compile_records(study_dir)
     before = [r for r in found if r.stage == compiling.STAGE]
     assert [(r.config, r.graphs, r.compiled, r.from_cache, r.came_from()) for r in before] == [
-        ('a', 5, 6, 0, 'compiled'), ('b', 5, 6, 0, 'compiled')]
+        ('a', 5, 6, 0, 'compiled'), ('b', 5, 6, 0, 'compiled'), ('broken', 0, 0, 0, 'failed')]
+    assert before[2].error == 'RuntimeError: inductor failed'
     warmups = [r for r in found if r.stage == 'warmup']
-    assert sorted(r.config for r in warmups) == ['a', 'b']  # c: a's (script, hyp), warmed up
+    assert sorted(r.config for r in warmups) == ['a', 'b', 'broken']  # c: a's (script, hyp)
     assert all(r.came_from() == 'eager' and r.seconds > 0 for r in warmups)
     output = capsys.readouterr().out
-    assert 'compiling 2 configurations on' in output and ', 2 at once: a, b' in output
+    assert 'compiling 3 configurations on' in output and ', 2 at once: a, b, broken' in output
     assert output.count('compiled a before the runs in') == 1
+    assert ('compiling broken before the runs failed after 0.2 s (RuntimeError: inductor '
+            'failed); its warmups compile it') in output
     report = open(study_dir / 'report.md').read()
     assert '| a | before the runs | 1 | 0.2, 0.2 | 5 | 6, 0 | 1 compiled |' in report
-    assert len(records(study_dir)) == 3
+    assert len(records(study_dir)) == 4
 
 
 TWO = ['--config', 'a', '--config', 'b', 'aug.flip=random']
@@ -132,22 +133,8 @@ def test_no_compiling_process_where_it_saves_nothing_or_is_turned_off(
     assert stages == ({'warmup'} if warmup else set())
 
 
-def test_a_failed_compiling_process_is_said_and_the_warmups_compile(
-        study_main, compiled_stand_in, compile_processes, image_folder, tmp_path, capsys):
-    assert study_main(argv(tmp_path, image_folder, '--config', 'broken', '--config', 'fine',
-                           'aug.flip=random', '--compile-jobs', '2', script=compiled_stand_in,
-                           flags=WARMUP)) == 0
-    assert ('compiling broken before the runs failed after 0.2 s (RuntimeError: inductor '
-            'failed); its warmups compile it') in capsys.readouterr().out
-    (broken,) = [r for r in compile_records(tmp_path) if r.stage == compiling.STAGE and
-                 r.config == 'broken']
-    assert broken.came_from() == 'failed' and broken.error == 'RuntimeError: inductor failed'
-    assert len(records(tmp_path)) == 2
-
-
 def machine(local_rank, store, monkeypatch, jobs_at_once=2):
-    """The Compiler of rank local_rank of 2 on one machine, sharing store, with a stand-in runner;
-    every configuration it is given compiles, without compile caches."""
+    """The Compiler of local_rank of 2 on one machine: each configuration compiles, no caches."""
     for key, value in (('LOCAL_WORLD_SIZE', 2), ('GROUP_RANK', 0), ('RANK', local_rank),
                        ('LOCAL_RANK', local_rank), ('WORLD_SIZE', 2)):
         monkeypatch.setenv(key, str(value))
@@ -180,8 +167,8 @@ def test_the_machines_processes_wait_for_each_others_share_or_go_on_if_one_is_lo
 
 @pytest.mark.parametrize('local_rank, share', [(0, ['a', 'c']), (1, ['b'])])
 def test_the_machines_processes_share_its_configurations(monkeypatch, local_rank, share):
-    """Each compiles every P-th configuration, its part of --compile-jobs at once and its part of
-    the cores; then it waits for every process that has a share, and for no other."""
+    """Each compiles every P-th configuration with its part of --compile-jobs and of the cores,
+    then waits for every process that has a share, and no other."""
     store = ResilientStore(connect=dist.HashStore)
     compiler = machine(local_rank, store, monkeypatch)
     monkeypatch.setattr(compiling, 'usable_cores', lambda: 8)
@@ -204,8 +191,7 @@ def test_the_machines_processes_share_its_configurations(monkeypatch, local_rank
 
 def test_below_two_compiles_at_once_the_machines_processes_compile_in_their_warmups(
         monkeypatch):
-    """Under torchrun too: one compile at a time, in processes to start, came later than each
-    process's warmups on 2 cores (docs/cpu.md)."""
+    """Under torchrun too: slower than the warmups on 2 cores (docs/cpu.md)."""
     store = ResilientStore(connect=dist.HashStore)
     compiler = machine(0, store, monkeypatch, jobs_at_once=1)
     started = []
@@ -217,8 +203,7 @@ def test_below_two_compiles_at_once_the_machines_processes_compile_in_their_warm
 
 def test_a_compiling_process_warms_the_configuration_up_and_says_what_it_cost(
         monkeypatch, capsys, compiled_stand_in):
-    """studylib.compiling's entry point, in this process: the job pickled on stdin (its hyp's
-    tuples kept), one JSON line out; an error is said in that line, not raised."""
+    """The job pickled on stdin (its hyp's tuples kept), one JSON line out, an error said."""
     hyp = {**studylib.scripts.load_script(compiled_stand_in).hyp, 'net': {'tta_level': 2}}
     job = compiling.CompileJob(config='a', script=compiled_stand_in, hyp=hyp, device='cpu',
                                precision='fp32', deterministic=False, num_classes=4, num_eval=64,
@@ -256,10 +241,9 @@ def test_what_compiling_cost_is_summed_per_configuration_and_stage():
 @pytest.mark.slow
 def test_under_torchrun_each_graph_compiles_once_on_the_machine(image_folder, tmp_path,
                                                                  monkeypatch):
-    """Two processes on one machine, two configurations of airbench94_compiled (inductor compiles
-    it on a CPU), an empty inductor cache: each process compiles one before the runs, in a
-    process of its own; every warmup of both processes then loads every graph
-    from the cache (inductor's own counters), and no run compiles."""
+    """Two processes, two configurations of airbench94_compiled, an empty inductor cache: each
+    process compiles one before the runs; every warmup of both then loads every graph from the
+    cache (inductor's counters), and no run compiles."""
     study_dir = tmp_path / 'study'
     monkeypatch.setitem(test_study.ENV, 'TORCHINDUCTOR_CACHE_DIR', str(tmp_path / 'inductor'))
     widths = "net.widths={'block1': 8, 'block2': 8, 'block3': %d}"

@@ -14,89 +14,94 @@ import torch
 import torch.distributed as dist
 
 import test_study
-from conftest import descendants, free_port
+from conftest import free_port, torchrun_worker
 from test_study import (STAND_IN, argv, finish, image_folder, launch,  # noqa: F401
                         record_files, records, study_main, study_summary, trained, training,
-                        wait_for)
+                        two_node_launch, wait_for)
 
 from studylib import distribute  # noqa: E402
 from studylib.collect import Collector  # noqa: E402
 from studylib.plan import Plan  # noqa: E402
-from studylib.records import Message, RunRecord  # noqa: E402
+from studylib.records import CompileRecord, Message, RunRecord  # noqa: E402
 
 RUNS = ['--runs', '8', '--', *training(width=32, epochs=2)]
 
 
-def worker(launchers, rank):
-    """The pid of the live worker process of this rank under any of the launchers."""
-    for launcher in launchers:
-        for pid in descendants(launcher.pid):
-            try:
-                with open(f'/proc/{pid}/environ', 'rb') as f:
-                    environment = dict(item.partition(b'=')[::2] for item in f.read().split(b'\0'))
-                with open(f'/proc/{pid}/cmdline', 'rb') as f:
-                    command = f.read()
-                is_study = b'study.py' in command and b'torch.distributed.run' not in command
-            except OSError:
-                continue
-            if environment.get(b'RANK') == str(rank).encode() and is_study:
-                return pid
-    return None
-
-
-def launchers_for(topology, study_dir, data_dir):
-    """torchrun with 2 restarts: one node with two processes, or two nodes of one on localhost."""
+def launchers_for(topology, study_dir, data_dir, restarts, *flags):
+    """study.py alone, or torchrun: one node of two processes, or two nodes of one on localhost."""
+    args = ['airbench94', '--study-dir', str(study_dir), *flags, *RUNS, '--data-dir', data_dir]
+    if topology == 'alone':
+        return [launch(*args)]
     port = free_port()
-    restarts = '--max-restarts=2'
     if topology == 'one node':
-        return [launch('airbench94', '--study-dir', str(study_dir), *RUNS, '--data-dir', data_dir,
-                       launcher=['--nproc_per_node=2', restarts, f'--master-port={port}'])]
-    rendezvous = {'two nodes, static': lambda node: [f'--node-rank={node}'],
-                  'two nodes, c10d': lambda node: ['--rdzv-backend=c10d', '--rdzv-id=test']}
+        return [launch(*args, launcher=['--nproc_per_node=2', f'--max-restarts={restarts}',
+                                        f'--master-port={port}'])]
     launchers = []
     for node in (0, 1):
-        launchers.append(launch('airbench94', '--study-dir', str(study_dir), *RUNS, '--data-dir',
-                                data_dir, launcher=['--nnodes=2', '--nproc_per_node=1', restarts,
-                                                    f'--rdzv-endpoint=127.0.0.1:{port}',
-                                                    *rendezvous[topology](node)]))
+        launchers.append(two_node_launch(node, port, study_dir, data_dir, *flags, *RUNS,
+                                         rendezvous=topology.split()[-1], restarts=restarts))
         time.sleep(0.5)  # node 0's agent first: it serves the store
     return launchers
 
 
+def worker(launchers, rank):
+    return next(filter(None, (torchrun_worker(launcher.pid, rank) for launcher in launchers)))
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize('topology, rank', [('one node', 1), ('one node', 0),
-                                            ('two nodes, static', 1), ('two nodes, static', 0),
-                                            ('two nodes, c10d', 1), ('two nodes, c10d', 0)])
-def test_a_killed_process_is_replaced_and_the_same_launch_completes(topology, rank, image_folder,
-                                                                   tmp_path):
+@pytest.mark.parametrize('topology, rank, restarts', [
+    ('one node', 1, 0), ('one node', 0, 0), ('alone', 'SIGTERM', 0),
+    *[(topology, rank, 2) for topology in ('one node', 'two nodes, static', 'two nodes, c10d')
+      for rank in (1, 0)]])
+def test_a_killed_process_loses_no_finished_run_and_its_runs_are_trained_once(
+        topology, rank, restarts, image_folder, tmp_path):
+    """kill -9 of a worker (no chance to clean up), or SIGTERM of study.py alone (scancel, a
+    preemption): without restarts the same command trains only what is left; with torchrun
+    --max-restarts the same launch completes, its replacement taking the run over at once."""
     study_dir = tmp_path / 'study'
     start = time.monotonic()
-    launchers = launchers_for(topology, study_dir, image_folder)
+    launchers = launchers_for(topology, study_dir, image_folder, restarts)
     wait_for(lambda: len(records(study_dir)) >= 2)
-    victim = worker(launchers, rank)
-    os.kill(victim, signal.SIGKILL)  # mid-study, no chance to clean up
+    if rank == 'SIGTERM':
+        launchers[0].send_signal(signal.SIGTERM)
+    else:
+        os.kill(worker(launchers, rank), signal.SIGKILL)
     results = [finish(launcher, timeout=300) for launcher in launchers]
-    elapsed = time.monotonic() - start
+    finished = []
+    before = {}
+    if not restarts:
+        first = results[0]
+        before = record_files(study_dir)
+        finished = sorted(records(study_dir))
+        assert 2 <= len(finished) < 8, 'the study must be stopped part-way for this test'
+        assert len(set(trained(first.stdout))) == len(trained(first.stdout))
+        assert first.returncode != 0 and (rank != 'SIGTERM' or first.returncode == 143)
+        if rank != 0:  # rank 0 lives on to write a partial summary and say so
+            assert (f'Stopped: {len(finished)} of 8 finished runs are in {study_dir}; the same '
+                    'command continues the study.') in first.stderr
+            assert study_summary(study_dir)['status'] == 'partial'
+        results = [finish(launcher) for launcher in
+                   launchers_for(topology, study_dir, image_folder, restarts)]
     assert [result.returncode for result in results] == [0] * len(results), \
         results[0].stderr[-3000:]
     every_run = [('baseline', run) for run in range(8)]
     assert sorted(records(study_dir)) == every_run
     lines = [line for result in results for line in trained(result.stdout)]
-    assert sorted(lines) == every_run  # each run written once, by the old and the new rank 0
+    assert sorted(lines) == sorted(set(every_run) - set(finished))  # each written once
+    after = record_files(study_dir)
+    assert {path: after[path] for path in before} == before  # finished runs byte for byte
     assert study_summary(study_dir)['status'] == 'complete'
-    if rank == 0 or topology == 'two nodes, c10d':  # c10d restarts every node's processes
+    if restarts and (rank == 0 or topology == 'two nodes, c10d'):  # c10d restarts every node's
         assert 'rank 0 rejoins the launch' in ''.join(result.stdout for result in results)
     # the replacement took the killed process's run at once: --lost-after (300 s) never waited
-    assert elapsed < 150, elapsed
+    assert not restarts or time.monotonic() - start < 150
 
 
 @pytest.mark.slow
 def test_a_stopped_process_has_its_run_taken_over_and_its_late_record_dropped(image_folder,
                                                                               tmp_path):
     study_dir = tmp_path / 'study'
-    first = launch('airbench94', '--study-dir', str(study_dir), '--lost-after', '3', *RUNS,
-                   '--data-dir', image_folder,
-                   launcher=['--nproc_per_node=2', f'--master-port={free_port()}'])
+    (first,) = launchers_for('one node', study_dir, image_folder, 0, '--lost-after', '3')
     wait_for(lambda: any(r['rank'] == 1 for r in records(study_dir).values()))
     stopped = worker([first], 1)
     os.kill(stopped, signal.SIGSTOP)  # alive but silent: a partitioned or frozen machine
@@ -118,8 +123,7 @@ def test_a_stopped_process_has_its_run_taken_over_and_its_late_record_dropped(im
 
 
 def test_the_holder_of_a_lease_alone_is_written(tmp_path):
-    """The protocol itself, in one process: A's run taken over by B once A counts as dead; A's late
-    record, published under its own token, is never written; B's is, once."""
+    """In one process: B takes A's run over once A is dead; A's late record is never written."""
     shared = dist.HashStore()
     store = distribute.ResilientStore(connect=lambda: shared)
     a = distribute.World.of_environment(store)
@@ -148,6 +152,35 @@ def test_the_holder_of_a_lease_alone_is_written(tmp_path):
     assert written['accuracy'] == 0.5 and collector.all_done()
 
 
+@pytest.mark.parametrize('rank_1', ['publishes', 'is lost'])
+def test_rank_0_ends_a_launch_once_every_live_process_has_said_what_it_compiled(rank_1, tmp_path,
+                                                                              monkeypatch):
+    """Every run done while rank 1 still warms up: rank 0 waits for its CompileRecords, which
+    compiles/LAUNCH.json then holds, and not for a lost process's."""
+    monkeypatch.setenv('WORLD_SIZE', '2')
+    shared = dist.HashStore()
+    store = distribute.ResilientStore(connect=lambda: shared)
+    zero = distribute.World.of_environment(store)
+    one = dataclasses.replace(zero, rank=1, token='one')
+    zero.join()
+    one.join()
+    plan = Plan(launch='x', jobs=(), total=0, finished=0, environment={}, notes=(), data='')
+    collector = Collector(zero, plan, str(tmp_path))
+    liveness = distribute.Liveness(store, lost_after=60)
+    zero.publish('compiles/0', [])
+    assert collector.all_done() and collector.awaits_compiles(liveness)
+    if rank_1 == 'publishes':
+        warmup = CompileRecord(config='c', launch='x', stage='warmup', rank=1, host='h',
+                               device='cpu', device_model='m', seconds=2.0, graphs=4, compiled=0,
+                               from_cache=4)
+        one.publish('compiles/1', [warmup.to_json()])
+    else:
+        store.set('dead/one', '1')  # as its successor, or a silent heartbeat, says
+    assert not collector.awaits_compiles(liveness)
+    written = json.load(open(tmp_path / 'compiles' / 'x.json'))
+    assert [record['rank'] for record in written] == ([1] if rank_1 == 'publishes' else [])
+
+
 FAILING_STAND_IN = """
 import os
 _train = train
@@ -160,8 +193,7 @@ def train(data, hyp, *args, **kwargs):
 
 @pytest.fixture
 def failing_stand_in(tmp_path, monkeypatch):
-    """The stand-in whose runs of curve.b=0.3 raise while the file that the returned path names
-    exists (its processes' environment names it)."""
+    """The stand-in whose runs of curve.b=0.3 raise while the file flag (returned) exists."""
     script = tmp_path / 'failing_stand_in.py'
     script.write_text(open(STAND_IN).read() + FAILING_STAND_IN)
     flag = tmp_path / 'fail'
@@ -204,9 +236,8 @@ def test_a_run_that_raises_is_recorded_and_the_next_launch_retries_it(
 @pytest.mark.slow
 def test_runs_that_fail_under_torchrun_restarts_end_the_launch(failing_stand_in, image_folder,
                                                                tmp_path):
-    """Rank 0 exits 2 (runs failed); torchrun --max-restarts restarts the processes, and the
-    restarted launch finds every run done (the failed ones by their tries): it says so and ends,
-    where it once waited for those runs for ever."""
+    """Rank 0 exits 2 (runs failed); the launch torchrun restarts finds every run done (the failed
+    ones by their tries), says so and ends."""
     study_dir = tmp_path / 'study'
     result = finish(launch(
         *argv(study_dir, image_folder, '--config', 'ok', '--config', 'bad', 'curve.b=0.3',
@@ -225,25 +256,13 @@ def test_runs_that_fail_under_torchrun_restarts_end_the_launch(failing_stand_in,
 
 
 def test_the_heartbeat_stops_however_its_block_is_left():
-    """Stopped and waited for, on an error too: a daemon thread left inside a store call when the
-    interpreter exits aborts the process (exit status 134) after a study that succeeded."""
+    """On an error too: one left inside a store call aborts the interpreter at its exit."""
     world = distribute.World.of_environment(distribute.ResilientStore(connect=dist.HashStore))
     with pytest.raises(KeyError):
         with distribute.Heartbeat(world) as heartbeat:
             assert heartbeat.is_alive()
             raise KeyError('a refusal after the heartbeat started')
     assert not heartbeat.is_alive()
-
-
-def test_outputs_larger_than_the_store_takes_arrive_intact():
-    server = dist.TCPStore('127.0.0.1', 0, 1, is_master=True, wait_for_workers=False)
-    store = distribute.ResilientStore(connect=lambda: dist.TCPStore(
-        '127.0.0.1', server.port, 1, is_master=False))
-    payload = torch.randint(0, 256, (20 << 20,), dtype=torch.uint8).numpy().tobytes()  # 20 MiB
-    store.set_large('outputs/0/token', payload)  # the TCPStore refuses values above 8 MiB
-    assert store.get_large('outputs/0/token') == payload
-    store.delete_large('outputs/0/token')
-    assert not store.check('outputs/0/token/count')
 
 
 class FlakyStore:
@@ -272,8 +291,9 @@ def test_a_store_that_drops_connections_does_not_end_a_study(study_main, image_f
     assert len(records(tmp_path)) == 6
 
 
-def test_a_dropped_tcp_connection_is_made_again():
-    """Through a proxy that cuts every connection once: the client reconnects, the state stays."""
+def test_a_dropped_tcp_connection_is_made_again_and_outputs_of_any_size_arrive_intact():
+    """Through a proxy that cuts every connection once: the client reconnects, the state stays;
+    20 MiB of outputs, which the TCPStore refuses above 8 MiB, travel in chunks."""
     server = dist.TCPStore('127.0.0.1', 0, 1, is_master=True, wait_for_workers=False)
     listener = socket.create_server(('127.0.0.1', 0))
     connections = []
@@ -302,10 +322,13 @@ def test_a_dropped_tcp_connection_is_made_again():
     port = listener.getsockname()[1]
     store = distribute.ResilientStore(connect=lambda: dist.TCPStore(
         '127.0.0.1', port, 1, is_master=False, timeout=datetime.timedelta(seconds=5)), patience=30)
-    store.set('kept', 'yes')
+    payload = torch.randint(0, 256, (20 << 20,), dtype=torch.uint8).numpy().tobytes()
+    store.set_large('outputs/0/token', payload)
     assert store.add('counter', 2) == 2
     for connection in list(connections):  # the network drops every connection
         connection.shutdown(socket.SHUT_RDWR)
         connection.close()
-    assert store.add('counter', 1) == 3 and store.get('kept') == b'yes'
+    assert store.add('counter', 1) == 3 and store.get_large('outputs/0/token') == payload
+    store.delete_large('outputs/0/token')
+    assert not store.check('outputs/0/token/count')
     listener.close()

@@ -1,29 +1,36 @@
 """The scripts compiled on CUDA: airbench94_compiled trains as airbench94 does; in it and in the
-Muon scripts every graph is static and compiled in the warmup. Compilation takes minutes on a CPU:
-the slow tier."""
+Muon scripts every graph is static and compiled in the warmup. Compiling takes minutes on a CPU."""
 import pytest
 import torch
 from torch import nn
 
-from conftest import (QUICK, QUICK_HYP, TINY_WIDTHS, in_fp32, load_script, record_compiled_graphs,
-                      set_hyp, summary_of, tiny_dataset, tiny_hyp, warm_up_as_on_cuda)
+from conftest import (QUICK, QUICK_HYP, TINY_WIDTHS, compile_with_backend, load_script, set_hyp,
+                      summary_of, tiny_dataset, tiny_hyp, warm_up_as_on_cuda)
 
-# Pinned to fp32: compiled kernels sum in another order than eager ones, so each op's result can
-# differ in the last bits (~1e-7 relative); over these 4 epochs the per-epoch mean losses differed
-# by at most 1.6e-5 relative here (AMD EPYC). Under bf16 autocast (what --precision auto picks on a
-# CPU with bf16 hardware, as CI's) rounding to 8 mantissa bits makes the same reordering show up
-# as up to 3.0e-4 (measured here, and 2.6e-4 on CI), so a tolerance fit for fp32 cannot hold there.
-# A different method (init, schedule, augmentation) changes these losses by more than 1e-2.
+# Compiled kernels sum in another order: per-epoch losses differed by at most 1.6e-5 relative in
+# fp32 (3.0e-4 under the bf16 autocast of a CPU with native bf16); another method moves them 1e-2
 LOSS_RTOL = 1e-4
 
 pytestmark = pytest.mark.slow
+
+
+def record_compiled_graphs(monkeypatch):
+    """torch.compile records each graph (its tensor inputs' shapes) and runs it eagerly."""
+    graphs = []
+
+    def recording_backend(graph_module, example_inputs):
+        graphs.append([tuple(t.shape) for t in example_inputs if isinstance(t, torch.Tensor)])
+        return graph_module.forward
+
+    compile_with_backend(monkeypatch, recording_backend)
+    return graphs
 
 
 def test_compiled_matches_eager(image_folder, tmp_path, monkeypatch):
     outcomes = {}
     for name in ('airbench94', 'airbench94_compiled'):
         script = load_script(name)
-        in_fp32(monkeypatch, script)
+        monkeypatch.setattr(script, 'precision_for', lambda device: 'fp32')
         set_hyp(monkeypatch, script, tiny_hyp(name), QUICK_HYP)
         assert script.main(['--data-dir', image_folder, '--runs', '2', '--seed', '7',
                             '--log-dir', str(tmp_path / name), *QUICK]) == 0
@@ -35,9 +42,8 @@ def test_compiled_matches_eager(image_folder, tmp_path, monkeypatch):
             assert abs(a - b) <= LOSS_RTOL * abs(a)
 
 
-# The paper's ablations, all at once: without whitening the first conv trains throughout (no
-# freeze, so one training graph); the others add no graph. With no freeze to cross, 2 epochs do
-# (and flip-only TTA, the quicker)
+# The paper's ablations: without whitening the first conv trains throughout (no freeze: one
+# training graph), the others add none; 2 epochs do, and flip-only TTA
 ABLATIONS = {'net.whiten': False, 'net.identity_init': False, 'opt.lookahead_every': 0,
              'opt.sampling': 'replacement', 'opt.bias_scaler': 1, 'net.tta_level': 1}
 # The scalars of Muon's whole step (one graph): its lr; airbench94_hiverge's renormalization too
@@ -57,16 +63,12 @@ STEP_SCALARS = {'airbench94_compiled': None, 'airbench94_muon': 1, 'airbench94_h
      [32, 32, 2000, 100, 6 * 500, 6 * 100 // 4])])
 def test_every_graph_static_and_compiled_in_the_warmup(name, entries, num_test, epochs, network,
                                                         tmp_path, monkeypatch):
-    """What compiles on CUDA, forced on the CPU (main()'s full warmup, compiles()), recorded by a
-    backend that runs each graph eagerly: every graph in the warmup, none in the timed run (on
-    another number of training images), each once. Static shapes: with dynamo's automatic dynamic
-    shapes a batch size met second (evaluation's remainder, say) would recompile a graph with a
-    symbolic one. Each graph of the network is the whole network from the images on (torch
-    versions before 2.14 split net.compile()'s network into one graph per block: docs/tests.md,
-    "Torch versions"): training's with its loss, one per whitening-bias state; evaluation's one per
-    batch size, the same before and after the freeze (evaluated with the bias frozen), TTA's views
-    in it. One more graph, the augmentation's, serves any number of images (the warmup's 64, the
-    run's 128); and one Muon's whole step."""
+    """What compiles on CUDA, forced on the CPU, each graph once in the warmup, none in the timed
+    run (on another number of training images). Static shapes: a batch size met second would
+    recompile a graph with a symbolic one. Each graph of the network is the whole network from
+    the images on (docs/tests.md, "Torch versions"): training's with its loss, per whitening-bias
+    state; evaluation's per batch size, TTA's views in it. One more, the augmentation's, serves
+    any number of images (the warmup's 64, the run's 128); and one, Muon's whole step."""
     torch._dynamo.reset()  # graphs of earlier tests would count toward dynamo's recompile limit
     script = load_script(name)
     graphs = record_compiled_graphs(monkeypatch)
@@ -75,7 +77,7 @@ def test_every_graph_static_and_compiled_in_the_warmup(name, entries, num_test, 
     data = tiny_dataset(per_class=64)
     test = tiny_dataset(per_class=num_test // 2)['train']
     monkeypatch.setattr(script, 'load_dataset', lambda *args, **kwargs: {**data, 'test': test})
-    in_fp32(monkeypatch, script)
+    monkeypatch.setattr(script, 'precision_for', lambda device: 'fp32')
     set_hyp(monkeypatch, script, tiny_hyp(name), entries)
     assert script.main(['--runs', '1', '--seed', '0', '--epochs', str(epochs), '--device', 'cpu',
                         '--log-dir', str(tmp_path)]) == 0

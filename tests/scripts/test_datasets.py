@@ -1,5 +1,5 @@
-"""Any 32x32 dataset (the scripts': CIFAR-10 or an image folder; study.py's: CIFAR-10/100, SVHN,
-image folders of several splits, cached), and reproducible runs."""
+"""Any 32x32 dataset: the scripts' CIFAR-10 or image folder; study.py's CIFAR-10/100, SVHN, image
+folders of several splits, cached."""
 import inspect
 import os
 import types
@@ -7,14 +7,13 @@ import types
 import pytest
 import torch
 
-from conftest import CPU, tiny_dataset, write_image_folder
-from studylib.hyp import with_entries
+from conftest import CPU, TINY_WIDTHS, tiny_dataset, write_image_folder
+from studylib.hyp import config_hyp, with_entries
 
 import studylib.data  # noqa: E402
 import studylib.runs  # noqa: E402
 from studylib.data import load_study_data  # noqa: E402
 from studylib.cli import parse_flags  # noqa: E402
-from studylib.hyp import config_hyp  # noqa: E402
 
 
 def test_class_count_comes_from_the_data_and_sets_the_head(ab94, tmp_path):
@@ -23,14 +22,16 @@ def test_class_count_comes_from_the_data_and_sets_the_head(ab94, tmp_path):
     data = ab94.load_dataset(root)
     assert data['classes'] == [f'class_{i}' for i in range(7)]
     assert load_study_data('folder', root)['classes'] == data['classes']
-    result = ab94.train(data, with_entries(ab94.hyp, {'opt.batch_size': 7, 'opt.train_epochs': 1}), CPU,
-                        'fp32', seed=0, epoch_eval=False)
+    hyp = with_entries(ab94.hyp, {'opt.batch_size': 7, 'opt.train_epochs': 1,
+                                  'net.widths': TINY_WIDTHS, 'net.tta_level': 0})
+    result = ab94.train(data, hyp, CPU, 'fp32', seed=0, epoch_eval=False)
     assert result['net'][-2].out_features == 7
 
 
-def test_normalization_constants_for_cifar10_and_computed_otherwise(ab94, image_folder):
-    """study.py: CIFAR-10's constants for --dataset cifar10, else the training set's; the scripts:
-    an image folder's own statistics, whatever it holds."""
+def test_normalization_constants_for_cifar10_and_computed_otherwise(ab94, tmp_path):
+    """study.py: CIFAR-10's for --dataset cifar10, else the training set's; the scripts: an image
+    folder's own, whatever it holds."""
+    image_folder = write_image_folder(str(tmp_path / 'data'), train_per_class=8, test_per_class=2)
     as_cifar10 = load_study_data('cifar10', image_folder)
     assert as_cifar10['mean'] == ab94.CIFAR10_MEAN and as_cifar10['std'] == ab94.CIFAR10_STD
     as_folder = load_study_data('folder', image_folder)  # the cache is rebuilt: another dataset
@@ -73,8 +74,7 @@ def test_torchvision_datasets_use_training_set_statistics(tmp_path, monkeypatch)
 
 
 def test_svhn_turns_flipping_off_unless_asked(ab94):
-    """study.py's SVHN (digits are not mirror-symmetric): no flipping, unless a flag or a
-    configuration asks for it."""
+    """Digits are not mirror-symmetric: no flipping, unless a flag or a configuration asks."""
     flips = {}
     for flags, overrides in (([], []), (['--hyp', 'aug.flip=random'], []),
                              ([], ['aug.flip=alternating'])):
@@ -95,7 +95,7 @@ def test_the_default_data_directory_is_named_by_the_dataset_and_no_other_is_chan
 
 def test_the_warmups_test_set_takes_the_batch_sizes_infer_meets(ab94):
     """One full batch of infer's default size and the rest, as the real test set; a copy whose
-    infer has no default batch_size warms up on the whole split at once."""
+    infer has no batch_size, the whole split at once."""
     data, test_images = studylib.runs.warmup_inputs(ab94, ab94.hyp, 10, 2100, 0, (0.5,) * 3,
                                                     (0.25,) * 3, 'fp32', CPU)
     eval_batch = inspect.signature(ab94.infer).parameters['batch_size'].default

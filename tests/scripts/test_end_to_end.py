@@ -9,23 +9,22 @@ import types
 import pytest
 import torch
 
-from conftest import (QUICK, QUICK_HYP, REPO, SCRIPTS, run_script, set_hyp, study_dir, summary_of,
-                     tiny_dataset, tiny_hyp, warm_up_as_on_cuda)
+from conftest import (ALL_SCRIPTS, QUICK, QUICK_HYP, REPO, run_script, set_hyp, study_dir,
+                      summary_of, tiny_dataset, tiny_hyp, warm_up_as_on_cuda)
 
-
-# Each script as a whole (their networks differ). Two runs check the runner's bookkeeping (seed +
-# i, per-run entries, the summary over runs), which is the same code in every script
-# (tests/scripts/test_layout.py), so the others do one run to keep the suite short.
+# Two runs check the runner's bookkeeping (seed + i, the summary over runs), the same code in every
+# script (test_layout.py): the others do one
 RUNS = {'airbench94': 2}
+HYP = {'airbench96_faster': {'net.widths': {'block1': 16, 'block2': 16, 'block3': 16}}}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('name', SCRIPTS)
+@pytest.mark.parametrize('name', ALL_SCRIPTS)
 def test_run_writes_logs_and_learns(name, image_folder, tmp_path):
     log_dir = tmp_path / 'logs'
     runs = RUNS.get(name, 1)
     result = run_script(name, '--data-dir', image_folder, '--runs', str(runs), '--seed', '3',
-                        '--log-dir', str(log_dir), *QUICK, hyp=QUICK_HYP)
+                        '--log-dir', str(log_dir), *QUICK, hyp={**QUICK_HYP, **HYP.get(name, {})})
     assert result.returncode == 0, result.stderr
     run_dir = study_dir(log_dir)
     assert f'Log: {run_dir}' in result.stdout
@@ -37,11 +36,11 @@ def test_run_writes_logs_and_learns(name, image_folder, tmp_path):
     assert summary['status'] == 'finished' and summary['runs_finished'] == runs
     accuracies = [r['tta_val_acc'] for r in summary['runs']]
     times = [r['total_time_seconds'] for r in summary['runs']]
-    assert all(len(r['epoch_train_losses']) == 4 for r in summary['runs'])
-    # Four classes: chance is 0.25; the synthetic classes are easy, so demand far more
+    # 384 images in batches of 64; four easy classes, chance 0.25
+    assert all(r['steps'] == 24 and len(r['epoch_train_losses']) == 4 for r in summary['runs'])
     assert min(accuracies) > 0.6 and all(t > 0 for t in times)
-    if runs > 1:  # the mean and std over the runs, in the log and on the screen (no interval:
-        stats = summary['tta_val_acc']  # study.py's)
+    if runs > 1:  # the mean and std over the runs, in the log and on the screen (no interval)
+        stats = summary['tta_val_acc']
         assert stats['n'] == runs and stats['mean'] == pytest.approx(sum(accuracies) / runs)
         assert stats['std'] == pytest.approx(statistics.stdev(accuracies)) and 'ci95' not in stats
         assert f"tta_val_acc: mean {stats['mean']:.4f}  std {stats['std']:.4f}  n 2" in \
@@ -62,9 +61,8 @@ def test_help_lists_every_flag_and_where_the_others_are(ab94, capsys):
 
 
 def test_the_time_left_counts_the_whole_first_run(ab94, tmp_path, monkeypatch, capsys):
-    """Said after run 0 from its wall time, its evaluation and TTA included, times the runs left:
-    nothing after the last run, in seconds, or minutes from 90 seconds on. Here each epoch takes
-    60 s and each TTA 20 s of a stand-in clock (the per-epoch figures count only the epochs)."""
+    """Run 0's wall time, TTA included, times the runs left; minutes from 90 seconds on. Each epoch
+    takes 60 s and each TTA 20 s of a stand-in clock (the per-epoch figures count the epochs)."""
     monkeypatch.setattr(ab94, 'load_dataset', lambda *a, **k: tiny_dataset())
     clock = [0.0]
     monkeypatch.setattr(ab94, 'time', types.SimpleNamespace(perf_counter=lambda: clock[0]))
@@ -91,10 +89,9 @@ def test_the_time_left_counts_the_whole_first_run(ab94, tmp_path, monkeypatch, c
 
 @pytest.mark.parametrize('full', [False, True])
 def test_the_warmup_warms_what_the_device_needs(ab94, tmp_path, monkeypatch, full):
-    """On a CPU (nothing compiles) two steps and a test set of two batches; on CUDA (full, forced
-    here) through the whitening bias's freeze (3 epochs, so 4, cut to the run's 2) and the whole
-    test set, for the graphs and kernels of the real shapes. Random labels, untimed."""
-    monkeypatch.setattr(ab94, 'load_dataset', lambda *a, **k: tiny_dataset(per_class=64))
+    """On a CPU two steps and a test set of two batches; on CUDA (full) the real shapes: through
+    the whitening bias's freeze (3 epochs, cut to the run's 2) and the whole test set."""
+    monkeypatch.setattr(ab94, 'load_dataset', lambda *a, **k: tiny_dataset())
     if full:
         warm_up_as_on_cuda(monkeypatch, ab94, [])
     calls = []
@@ -110,7 +107,7 @@ def test_the_warmup_warms_what_the_device_needs(ab94, tmp_path, monkeypatch, ful
     set_hyp(monkeypatch, ab94, tiny_hyp('airbench94'), {'opt.batch_size': 16, 'net.tta_level': 0})
     assert ab94.main(['--runs', '1', '--log-dir', str(tmp_path), '--device', 'cpu', '--epochs',
                       '2']) == 0
-    assert calls == [(32, 128 if full else 32, 2 if full else 1), (128, 128, 2)]
+    assert calls == [(32, 64 if full else 32, 2 if full else 1), (64, 64, 2)]
     assert not torch.equal(labels[0], labels[1][:32])  # the warmup's labels are random
     assert summary_of(tmp_path)['warmup_seconds'] > 0
     assert ab94.hyp['opt']['whiten_bias_epochs'] == 3
@@ -118,8 +115,7 @@ def test_the_warmup_warms_what_the_device_needs(ab94, tmp_path, monkeypatch, ful
 
 @pytest.mark.parametrize('native_bf16', [True, False])
 def test_the_precision_for_a_device_is_the_scripts_and_study_pys(ab94, monkeypatch, native_bf16):
-    """One choice (the tail's precision_for), which study.py's --precision auto calls: fp16 on
-    CUDA; on a CPU bf16 autocast where it has native bf16, else fp32."""
+    """One choice, the tail's precision_for, which study.py's --precision auto calls."""
     from studylib.device import resolve_device_precision
     monkeypatch.setattr(torch.ops.mkldnn, '_is_mkldnn_bf16_supported', lambda: native_bf16)
     assert ab94.precision_for(torch.device('cuda', 0)) == 'fp16'

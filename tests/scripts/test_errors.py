@@ -1,8 +1,7 @@
-"""Bad input gets a clear message naming the problem and the fix, never a deep traceback, and
-nothing already computed is lost: the data (the scripts' reader, which study.py calls: the same
-message from both), the flags, every hyp value (study.py's checks, by each script's own rules), the
-cache, Ctrl-C; and the same seed gives the same result. What is below the banner is one code in
-every script (tests/scripts/test_layout.py): it is tested on airbench94."""
+"""Bad input gets a one-line message naming the problem and the fix, and nothing already computed
+is lost: the data (the scripts' reader, which study.py calls), the flags, every hyp value
+(study.py's checks, by each script's own rules), the cache, Ctrl-C. Below the banner the scripts
+are one code (test_layout.py): it is tested on airbench94."""
 import json
 import os
 import re
@@ -13,25 +12,27 @@ import time
 import pytest
 import torch
 
-from conftest import (ALL_SCRIPTS, QUICK, QUICK_HYP, TINY, TINY_HYP, load_script, run_script,
-                     script_command, set_hyp, study_dir, summary_of, tiny_dataset, tiny_hyp,
-                     write_image_folder)
+from conftest import (ALL_SCRIPTS, QUICK, QUICK_HYP, load_script, run_script, script_command,
+                      set_hyp, study_dir, study_hyp, summary_of, tiny_dataset, tiny_hyp,
+                      write_image_folder)
 
 import studylib.data  # noqa: E402
 from studylib.data import load_study_data  # noqa: E402
 from studylib.errors import StorageError, StudyError  # noqa: E402
-from studylib.cli import parse_flags  # noqa: E402
-from studylib.hyp import config_hyp  # noqa: E402
+
+# The quickest complete run of airbench94: one epoch of batches of 32 of a tiny network, no TTA
+TINY_HYP = {**tiny_hyp('airbench94'), 'net.tta_level': 0}
+TINY = ['--epochs', '1', '--device', 'cpu']
 
 
 @pytest.fixture(params=ALL_SCRIPTS)
 def any_script(request):
-    """Each of the seven scripts: their methods, and the rules of their hyp, differ."""
+    """Each of the seven scripts: the rules of their hyp differ."""
     return load_script(request.param)
 
 
 def script_error(ab94, data_dir, tmp_path, capsys, monkeypatch):
-    """What main() says, and exits with, on the data in data_dir (one run of one tiny epoch)."""
+    """What main() says, and exits with, on the data in data_dir."""
     set_hyp(monkeypatch, ab94, TINY_HYP)
     with pytest.raises(SystemExit) as exit:
         ab94.main(['--data-dir', str(data_dir), '--log-dir', str(tmp_path / 'logs'), *TINY])
@@ -62,9 +63,8 @@ def test_missing_data_without_network_says_how_to_provide_it(ab94, tmp_path):
 
 def test_a_directory_in_neither_layout_is_refused_alike_and_an_empty_one_gets_cifar10(
         ab94, tmp_path, capsys, monkeypatch):
-    """A --data-dir that holds files but neither train/ and test/ nor CIFAR-10 (a mistyped path)
-    is refused, by a script with study.py's message, rather than CIFAR-10 downloaded into it; an
-    absent or empty one, or one with CIFAR-10's files, is where CIFAR-10 is (or is downloaded)."""
+    """Files but neither train/ and test/ nor CIFAR-10 (a mistyped path): refused rather than
+    CIFAR-10 downloaded into it; an absent or empty one, or CIFAR-10's, is where CIFAR-10 goes."""
     (tmp_path / 'images').mkdir()
     (tmp_path / 'images' / 'a.png').write_bytes(b'')
     message = f'{tmp_path} is not in the image-folder layout: it needs the subdirectories train/, '
@@ -86,8 +86,7 @@ def test_a_directory_in_neither_layout_is_refused_alike_and_an_empty_one_gets_ci
 
 
 def bad_image_folder(root, problem):
-    """A small image folder with one problem: a 40x40 image, an image file that is no image, a
-    class of test/ that train/ lacks, a split without class directories."""
+    """A small image folder with one problem; returns the image it damages."""
     write_image_folder(root, num_classes=3, train_per_class=2, test_per_class=1)
     bad = os.path.join(root, 'train', 'class_1', '0001.png')
     if problem == 'size':
@@ -122,51 +121,42 @@ def test_bad_data_gets_the_same_one_line_message_from_the_script_and_study_py(
     assert said.strip() == f'error: {study_error(root)}'  # study.py reads with the script's reader
 
 
-def test_corrupt_cache_is_rebuilt_and_said_so(tmp_path):
-    image_folder = write_image_folder(str(tmp_path / 'data'), num_classes=2, train_per_class=8,
-                                      test_per_class=2)
-    first = load_study_data('folder', image_folder)
-    cache = os.path.join(image_folder, 'airbench_cache.pt')
+def test_the_cache_is_used_rebuilt_when_corrupt_or_stale_and_skipped_when_unwritable(
+        tmp_path, monkeypatch):
+    folder = write_image_folder(str(tmp_path / 'data'), num_classes=2, train_per_class=8,
+                                test_per_class=2)
+    first = load_study_data('folder', folder)
+    messages = []
+    load_study_data('folder', folder, log=messages.append)
+    assert messages == []  # a cache that matches is used without decoding again
+    cache = os.path.join(folder, 'airbench_cache.pt')
     with open(cache, 'r+b') as f:
         f.truncate(100)
-    messages = []
-    second = load_study_data('folder', image_folder, log=messages.append)
+    second = load_study_data('folder', folder, log=messages.append)
     assert any('unreadable' in m and 'rebuilding' in m for m in messages)
     assert torch.equal(second['train']['images'], first['train']['images'])
     assert os.path.getsize(cache) > 100
-
-
-def test_a_cache_that_cannot_be_written_is_said_and_skipped(tmp_path, monkeypatch):
-    """A full disk while the cache is written: said, and no half-written cache is left."""
-    image_folder = write_image_folder(str(tmp_path / 'data'), num_classes=2, train_per_class=8,
-                                      test_per_class=2)
+    from PIL import Image
+    Image.new('RGB', (32, 32), (9, 9, 9)).save(os.path.join(folder, 'train', 'class_0', 'x.png'))
+    third = load_study_data('folder', folder, log=messages.append)
+    assert any('does not match' in m and 'fingerprint' in m for m in messages)
+    assert len(third['train']['labels']) == 17
+    # A full disk: said, and no half-written cache is left
 
     def full_disk(path, content):
         raise StorageError(f'{path} could not be written (No space left on device)')
     monkeypatch.setattr(studylib.data, 'atomic_write', full_disk)
-    messages = []
-    data = load_study_data('folder', image_folder, log=messages.append)
-    assert len(data['train']['labels']) == 16
+    os.remove(cache)
+    messages.clear()
+    assert len(load_study_data('folder', folder, log=messages.append)['train']['labels']) == 17
     assert any(m.startswith('Could not write the tensor cache') and 'continuing without it' in m
                for m in messages)
-    assert sorted(os.listdir(image_folder)) == ['test', 'train']  # no half-written cache
+    assert sorted(os.listdir(folder)) == ['test', 'train']
 
 
-def test_stale_cache_is_rebuilt_when_the_folder_changes(image_folder):
-    first = load_study_data('folder', image_folder)
-    extra = os.path.join(image_folder, 'train', 'class_0', 'extra.png')
-    from PIL import Image
-    Image.new('RGB', (32, 32), (9, 9, 9)).save(extra)
-    messages = []
-    second = load_study_data('folder', image_folder, log=messages.append)
-    assert any('does not match' in m and 'fingerprint' in m for m in messages)
-    assert len(second['train']['labels']) == len(first['train']['labels']) + 1
-    # And a cache that matches is used without decoding again
-    messages.clear()
-    load_study_data('folder', image_folder, log=messages.append)
-    assert messages == []
-
-
+# A flag a script does not take, study.py's among them: one line naming the script's flags
+NOT_A_SCRIPTS_FLAG = [['--hyp', 'opt.lr=3'], ['--hyp=aug.flip=random'], ['--precision', 'fp32'],
+                      ['--no-warmup'], ['--dataset', 'cifar100'], ['--batch-size', '64']]
 NONSENSICAL_FLAGS = [
     (['--runs', '0'], '--runs must be at least 1'),
     (['--runs', 'two'], "argument --runs: invalid int value: 'two'"),
@@ -174,17 +164,19 @@ NONSENSICAL_FLAGS = [
     (['--epochs', '-2'], '--epochs must be above 0, not -2.0'),
     (['--epochs', 'nan'], '--epochs must be above 0, not nan'),
     (['--device', 'toaster'], 'device string: toaster'),
-]
-# A flag a script does not take, study.py's among them: one line naming the script's flags
-NOT_A_SCRIPTS_FLAG = [['--hyp', 'opt.lr=3'], ['--hyp=aug.flip=random'], ['--precision', 'fp32'],
-                      ['--no-warmup'], ['--dataset', 'cifar100'], ['--batch-size', '64']]
+    pytest.param(['--device', 'cuda'], 'sees no CUDA device', marks=pytest.mark.skipif(
+        torch.cuda.is_available(), reason='this machine has CUDA')),
+    # Not argparse's usage text: where the other values are, and study.py's flags
+    *[(flags, 'airbench94.py takes --runs, --seed, --epochs, --data-dir, --device, --log-dir, '
+              f'not {" ".join(flags)}: for other values edit hyp in airbench94.py, or see '
+              "study.py's flags (python study.py airbench94 --runs N --study-dir DIR -- --help)")
+      for flags in NOT_A_SCRIPTS_FLAG]]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('flags, message', [NONSENSICAL_FLAGS[0], (
-    NOT_A_SCRIPTS_FLAG[0], 'takes --runs, --seed, --epochs, --data-dir, --device, --log-dir')])
+@pytest.mark.parametrize('flags, message', [NONSENSICAL_FLAGS[0], NONSENSICAL_FLAGS[-1]])
 def test_nonsensical_flags(flags, message, tmp_path):
-    """As a user meets it: one line on stderr, no traceback, no log."""
+    """As a user meets it: one line on stderr, no log."""
     args = ['--data-dir', str(tmp_path), *flags]
     result = run_script('airbench94', *args, '--log-dir', str(tmp_path / 'logs'), timeout=120)
     assert result.returncode != 0 and result.stdout == ''
@@ -194,26 +186,12 @@ def test_nonsensical_flags(flags, message, tmp_path):
 
 @pytest.mark.parametrize('flags, message', NONSENSICAL_FLAGS)
 def test_nonsensical_flags_in_process(flags, message, ab94, tmp_path, capsys):
-    """main() exits with the message alone (a traceback here would be an exception, not
-    SystemExit), before any log."""
+    """Exits with the message alone (a traceback would be an exception), before any log."""
     args = ['--data-dir', str(tmp_path), *flags]
     with pytest.raises(SystemExit) as exit:
         ab94.main([*args, '--log-dir', str(tmp_path / 'logs')])
     assert exit.value.code.startswith('error: ') and message in exit.value.code
     assert capsys.readouterr().err == '' and not (tmp_path / 'logs').exists()
-
-
-@pytest.mark.parametrize('flags', NOT_A_SCRIPTS_FLAG)
-def test_a_flag_the_script_does_not_take_is_refused_in_one_line(flags, ab94, tmp_path, capsys):
-    """Not argparse's usage text: one line naming the script's six flags, where the other values
-    are (its hyp) and where study.py's flags are listed."""
-    with pytest.raises(SystemExit) as exit:
-        ab94.main(['--runs', '2', *flags, '--data-dir', str(tmp_path)])
-    assert exit.value.code == (
-        'error: airbench94.py takes --runs, --seed, --epochs, --data-dir, --device, --log-dir, '
-        f'not {" ".join(flags)}: for other values edit hyp in airbench94.py, or see study.py\'s '
-        'flags (python study.py airbench94 --runs N --study-dir DIR -- --help)')
-    assert capsys.readouterr().err == ''
 
 
 def bad_values(default):
@@ -228,19 +206,17 @@ def bad_values(default):
 
 
 def study_refusal(script, setting):
-    """study.py's message for `-- --hyp SETTING` on this script's hyp; None where it takes it."""
+    """study.py's message for `-- --hyp SETTING`; None where it takes it."""
     try:
-        config_hyp(script.hyp, script.HYP_CHOICES, script.HYP_RANGES,
-                   parse_flags(['--hyp', setting]))
+        study_hyp(script, [setting])
     except StudyError as error:
         return str(error)
     return None
 
 
 def test_every_hyp_value_of_the_wrong_kind_is_refused_by_name(any_script):
-    """Every entry of the script's hyp: a value that its method cannot take is refused by study.py
-    before any training, naming the entry and what it takes (not a ZeroDivisionError or a KeyError
-    later), by the script's own rules; and the value hyp has is taken."""
+    """Before any training, naming the entry and what it takes (not a ZeroDivisionError later);
+    the value hyp has is taken."""
     for group, entries in any_script.hyp.items():
         for name, default in entries.items():
             assert study_refusal(any_script, f'{group}.{name}={default!r}') is None
@@ -250,33 +226,41 @@ def test_every_hyp_value_of_the_wrong_kind_is_refused_by_name(any_script):
                                 said or ''), said
 
 
-# Values outside what a method takes, each refused by every script whose hyp has the entry
+# Values outside what a method takes (the paper's switches' among them), each refused by every
+# script whose hyp has the entry
 OUT_OF_RANGE = [
     'opt.batch_size=0', 'opt.batch_size=2.5', 'opt.train_epochs=0', 'opt.train_epochs=-1',
     'opt.momentum=1', 'opt.label_smoothing=2', 'aug.translate=40', 'aug.cutout=33',
     "net.widths={'block1': 8, 'block2': 0, 'block3': 8}", 'net.tta_fraction=1.5',
     'aug.brightness=-0.1', 'opt.renorm_every=(0, 17)', 'proxy.step_every=0',
-    'net.convs_per_block=4']
+    'net.convs_per_block=4', 'opt.sampling=sometimes', 'net.whiten=no', 'net.identity_init=2',
+    'opt.lookahead_every=-5', 'opt.lookahead_every=2.5', 'opt.lookahead_every=often',
+    'aug.flip=sideways', 'net.tta_level=3']
+TAKES = r'(\.block2)? takes (one of \(.+\)|a (whole )?number from \S+ to \S+), not '
 
 
 def test_values_outside_what_the_method_takes_are_refused(any_script):
-    """By study.py, by each script's own rules (HYP_CHOICES, HYP_RANGES)."""
     keys = {f'{group}.{name}' for group, entries in any_script.hyp.items() for name in entries}
     settings = [setting for setting in OUT_OF_RANGE if setting.partition('=')[0] in keys]
-    assert len(settings) >= 8  # the paper's scripts have 9 of them
+    assert len(settings) >= 8
     for setting in settings:
-        key = setting.partition('=')[0]
         said = study_refusal(any_script, setting)
-        assert re.match(re.escape(f'--hyp {key}') + r'(\.block2)? takes ', said or ''), said
+        assert re.match(re.escape(f'--hyp {setting.partition("=")[0]}') + TAKES, said or ''), said
 
 
-@pytest.mark.parametrize('setting', ['opt.momentum=0.999', 'aug.cutout=32', 'aug.translate=31',
-                                     'opt.train_epochs=0.001', 'opt.label_smoothing=1',
-                                     'net.whiten=0', 'net.identity_init=1',
-                                     'net.widths.block1=32'])
-def test_the_edges_of_the_ranges_are_taken(setting, ab94):
-    """By study.py (a switch's False and True are 0 and 1; one width by its own key)."""
-    assert study_refusal(ab94, setting) is None
+def test_every_switch_value_and_the_edges_of_the_ranges_are_taken(ab94):
+    run_hyp = study_hyp(ab94, ['net.whiten=False', 'net.identity_init=False', 'opt.bias_scaler=1',
+                               'opt.lookahead_every=0', 'opt.sampling=replacement',
+                               'aug.flip=random', 'net.tta_level=1'])
+    opt = {'bias_scaler': 1, 'lookahead_every': 0, 'sampling': 'replacement'}
+    assert run_hyp == {
+        'opt': {**ab94.hyp['opt'], **opt}, 'aug': {**ab94.hyp['aug'], 'flip': 'random'},
+        'net': {**ab94.hyp['net'], 'whiten': False, 'identity_init': False, 'tta_level': 1}}
+    # A switch's False and True are also 0 and 1; one width is set by its own key
+    for setting in ['opt.momentum=0.999', 'aug.cutout=32', 'aug.translate=31', 'net.whiten=0',
+                    'opt.train_epochs=0.001', 'opt.label_smoothing=1', 'net.identity_init=1',
+                    'net.widths.block1=32']:
+        assert study_refusal(ab94, setting) is None, setting
 
 
 @pytest.mark.slow
@@ -285,15 +269,6 @@ def test_nothing_logged_without_data(tmp_path):
                         '--log-dir', str(tmp_path / 'logs'), timeout=120)
     assert result.returncode != 0 and 'Traceback' not in result.stderr
     assert not (tmp_path / 'logs').exists()
-
-
-@pytest.mark.slow
-def test_cuda_requested_but_absent(tmp_path):
-    if torch.cuda.is_available():
-        pytest.skip('this machine has CUDA')
-    result = run_script('airbench94', '--device', 'cuda', '--data-dir', str(tmp_path), timeout=120)
-    assert result.returncode != 0 and 'sees no CUDA device' in result.stderr
-    assert 'Traceback' not in result.stderr
 
 
 @pytest.mark.slow
@@ -335,11 +310,8 @@ def test_ctrl_c_keeps_finished_runs_and_says_how_many(image_folder, tmp_path):
     args = script_command('airbench94', '--data-dir', image_folder, '--runs', '50', '--seed', '0',
                           '--log-dir', str(tmp_path / 'logs'), *QUICK,
                           hyp={**tiny_hyp('airbench94'), **QUICK_HYP})
-    # A shell starting pytest as a background job without job control (`pytest &` in a script,
-    # nohup, CI runners) sets SIGINT to "ignore", and exec'd children inherit that, so Python
-    # would never see this test's Ctrl-C (seen here: a full-suite run launched with `&`, where the
-    # study trained on for 300 s after SIGINT). A terminal's Ctrl-C reaches a foreground process
-    # with the default disposition; give the child that.
+    # A background job without job control (`pytest &`, nohup, CI runners) ignores SIGINT, and its
+    # children inherit that: give the child a terminal's foreground disposition
     process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 600
@@ -364,11 +336,11 @@ def test_ctrl_c_keeps_finished_runs_and_says_how_many(image_folder, tmp_path):
     assert f"Interrupted: {summary['runs_finished']} of 50 runs finished" in stdout
     assert len(summary['runs']) == summary['runs_finished']
     assert 'Traceback' not in stderr
-    assert not [p for p in summary_path.parent.iterdir() if '.tmp' in p.name]  # no half-written file
+    assert not [p for p in summary_path.parent.iterdir() if '.tmp' in p.name]  # none half-written
 
 
 def test_logs_are_replaced_atomically(ab94, tmp_path, monkeypatch):
-    """A write of the log that fails (a full disk) leaves the previous log whole."""
+    """A write that fails (a full disk) leaves the previous log whole."""
     monkeypatch.setattr(ab94, 'load_dataset', lambda *a, **k: tiny_dataset())
     writes = []
 

@@ -1,16 +1,12 @@
-"""airbench96_faster.py's own method: the endless loader, the proxy's selection (exactly the masked
-count per batch, the highest losses), the proxy and the main network seeing the same batches in the
-same order, the schedules, the proxy's seed, the switches, and a run of the script. What it shares
-with airbench94 is checked there once (tests/scripts/test_layout.py proves the blocks identical);
-the per-script checks (test_method.py, test_layout.py, test_cuda_path.py, test_flops.py) run on it
-with the other scripts'."""
+"""airbench96_faster.py's own method; what it shares with airbench94 is tested there
+(test_layout.py proves the blocks identical)."""
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import CPU, QUICK, QUICK_HYP, load_script, run_script, summary_of, tiny_dataset
+from conftest import CPU, TINY_WIDTHS, load_script, spy, tiny_dataset
 from studylib.hyp import with_entries
 
 NAME = 'airbench96_faster'
@@ -22,7 +18,6 @@ def faster():
 
 
 def small(hyp, entries=None):
-    """hyp at small widths (the method unchanged), for tests that train."""
     return with_entries(hyp, {'net.widths': {'block1': 16, 'block2': 16, 'block3': 16},
                               'proxy.widths': {'block1': 8, 'block2': 8, 'block3': 8},
                               **(entries or {})})
@@ -46,11 +41,10 @@ def test_hyperparameters_are_the_records(faster):
     assert proxy['widths'] == {'block1': 32, 'block2': 64, 'block3': 64}
     assert proxy['convs_per_block'] == 2 and proxy['step_every'] == 4
     net = faster.build_net(proxy, 10, CPU, 'fp32')
-    assert sum(p.numel() for p in net.parameters()) == 146_744  # as the header says
-    assert f'{146_744:,}' in faster.__doc__
+    assert sum(p.numel() for p in net.parameters()) == 146_744
+    assert f'{146_744:,}' in faster.__doc__  # as the header says
 
 
-# ----------------------------------------- The loader ------------------------------------------
 def test_the_stream_runs_across_epochs_and_every_pass_repeats_it(faster):
     n = 100  # 3 batches of 32 per epoch and 4 images over: batches cross epochs
     batch_size = 32
@@ -74,7 +68,6 @@ def test_the_stream_runs_across_epochs_and_every_pass_repeats_it(faster):
             :, 1, 0, 0].round().long(), labels)
 
 
-# --------------------------------------- The selection -----------------------------------------
 def test_hardest_examples_are_the_highest_losses_in_batch_order(faster):
     generator = torch.Generator().manual_seed(0)
     for trial in range(20):
@@ -87,9 +80,9 @@ def test_hardest_examples_are_the_highest_losses_in_batch_order(faster):
         assert losses[selected].min() > losses[rest].max()
 
 
-def record_training(faster, monkeypatch, hyp, seed=0, data=None):
-    """train() with a record of every batch each pass over the loader yielded, the proxy's inputs,
-    outputs and grad mode, its selections, and the main network's training inputs."""
+def record_training(faster, monkeypatch, hyp, data=None):
+    """train() with a record of each pass over the loader, the proxy's inputs, outputs and grad
+    mode, its selections, both optimizers' lrs, and the main network's training inputs."""
     record = dict(passes=[], proxy=[], selections=None, main_inputs=[], proxy_lrs=[],
                   main_lrs=[])
     iterate = faster.CifarLoader.__iter__
@@ -132,13 +125,13 @@ def record_training(faster, monkeypatch, hyp, seed=0, data=None):
     monkeypatch.setattr(faster, 'build_net', recording_build)
     monkeypatch.setattr(faster, 'select_hardest', recording_select)
     monkeypatch.setattr(torch.optim.SGD, 'step', recording_sgd_step)
-    result = faster.train(data or tiny_dataset(), hyp, CPU, 'fp32', seed, epoch_eval=False)
+    result = faster.train(data or tiny_dataset(), hyp, CPU, 'fp32', 0, epoch_eval=False)
     return record, result
 
 
 def test_proxy_and_main_network_see_the_same_batches_and_train_on_the_hardest(faster, monkeypatch):
     # 64 images: 2 batches per epoch, crossing epochs
-    hyp = small(faster.hyp, {'opt.batch_size': 24, 'opt.train_epochs': 3.5})
+    hyp = small(faster.hyp, {'opt.batch_size': 24, 'opt.train_epochs': 3.5, 'net.tta_level': 0})
     record, result = record_training(faster, monkeypatch, hyp)
     total_steps = math.ceil(2 * 3.5)
     assert result['steps'] == total_steps
@@ -162,7 +155,7 @@ def test_proxy_and_main_network_see_the_same_batches_and_train_on_the_hardest(fa
 
 
 def test_the_proxy_trains_only_on_its_selection(faster):
-    """Its step's gradient is that of the selected examples' summed loss, not the whole batch's."""
+    """Its step's gradient is the selected examples' summed loss's, not the whole batch's."""
     torch.manual_seed(0)
     hyp = small(faster.hyp)
     proxy = faster.build_net(hyp['proxy'], 2, CPU, 'fp32')
@@ -185,20 +178,10 @@ def test_the_proxy_trains_only_on_its_selection(faster):
     assert not torch.allclose(recorded[-1], proxy[-2].weight.grad, atol=1e-6)
 
 
-# ---------------------------------------- The schedule -----------------------------------------
-def test_schedule_rises_over_a_tenth_of_the_steps_then_falls_to_zero(faster):
-    total = 2160  # 45 epochs of 48 batches
-    multipliers = faster.lr_schedule(total, peak_fraction=0.1, end=0.0)
-    peak = 216
-    steps = torch.arange(total + 1, dtype=torch.float64)
-    expected = torch.where(steps < peak, 0.2 + 0.8 * steps / peak, (total - steps) / (total - peak))
-    assert torch.allclose(multipliers, expected, atol=1e-12)
-    assert multipliers[0] == 0.2 and multipliers[peak] == 1.0 and multipliers[total] == 0.0
-
-
 def test_both_networks_follow_the_schedule(faster, monkeypatch):
-    hyp = small(faster.hyp, {'opt.batch_size': 16, 'opt.train_epochs': 5})  # 20 steps, peak at 2
-    record, result = record_training(faster, monkeypatch, hyp)
+    # 16 images in batches of 8 for 10 epochs: 20 steps, the peak at 2
+    hyp = small(faster.hyp, {'opt.batch_size': 8, 'opt.train_epochs': 10, 'net.tta_level': 0})
+    record, _ = record_training(faster, monkeypatch, hyp, data=tiny_dataset(per_class=8))
     multipliers = faster.lr_schedule(20, peak_fraction=0.1, end=0.0).tolist()
     kilostep_scale = 1024 * (1 + 1 / (1 - 0.85))
     base_lr = 9.0 / kilostep_scale
@@ -210,22 +193,26 @@ def test_both_networks_follow_the_schedule(faster, monkeypatch):
         [base_lr * m for m in multipliers[0:20:4]])
 
 
-# ----------------------------------- Seeds and the networks ------------------------------------
+class Selected(Exception):
+    """Raised where the proxy's pass would start: train() stops there."""
+
+
 def test_the_proxys_initialization_follows_the_init_seed_only(faster, monkeypatch):
     initial = []
-    select = faster.select_hardest
-    def recording_select(proxy, *args):
+
+    def first_selection(proxy, *args):
         initial.append(proxy[-2].weight.detach().clone())  # the head: PyTorch's random init
-        return select(proxy, *args)
-    monkeypatch.setattr(faster, 'select_hardest', recording_select)
+        raise Selected
+    monkeypatch.setattr(faster, 'select_hardest', first_selection)
     seeds = faster.source_seeds(0)
     hyp = small(faster.hyp, {'opt.batch_size': 16, 'opt.train_epochs': 1})
-    for changes in ({}, {'order': 7, 'aug': 8}, {'init': 7}):
-        faster.train(tiny_dataset(), hyp, CPU, 'fp32', {**seeds, **changes}, epoch_eval=False)
-    assert torch.equal(initial[0], initial[1]) and not torch.equal(initial[0], initial[2])
-    # its own seed: not the main network's draws continued, so the main widths do not change it
+    # Its own seed, not the main network's draws continued: the main widths do not change it
     wider = with_entries(hyp, {'net.widths': {'block1': 24, 'block2': 16, 'block3': 16}})
-    faster.train(tiny_dataset(), wider, CPU, 'fp32', seeds, epoch_eval=False)
+    for run_hyp, changes in ((hyp, {}), (hyp, {'order': 7, 'aug': 8}), (hyp, {'init': 7}),
+                             (wider, {})):
+        with pytest.raises(Selected):
+            faster.train(tiny_dataset(), run_hyp, CPU, 'fp32', {**seeds, **changes})
+    assert torch.equal(initial[0], initial[1]) and not torch.equal(initial[0], initial[2])
     assert torch.equal(initial[0], initial[3])
 
 
@@ -240,7 +227,7 @@ def test_the_proxy_is_airbench94s_network_and_the_main_block_adds_before_its_las
     x = torch.randn(3, 3, 32, 32)
     assert torch.allclose(proxy(x), reference(x), atol=1e-6)
     # the record's block: conv, pool, BN, GELU; then conv, BN, GELU, conv, BN, + input, GELU
-    block = faster.make_net(faster.hyp['net']['widths'], 10, 0.9, 1 / 9)[2].eval()
+    block = faster.make_net(TINY_WIDTHS, 10, 0.9, 1 / 9)[2].eval()
     x = torch.randn(3, 24, 31, 31)
     gelu = torch.nn.functional.gelu
     first = gelu(block.norm1(block.pool(block.conv1(x))))
@@ -251,21 +238,15 @@ def test_the_proxy_is_airbench94s_network_and_the_main_block_adds_before_its_las
 
 
 def test_airbench96s_switches_apply_to_both_networks(faster, monkeypatch):
-    """hyp's switches of the paper's ablations, as in airbench96: without whitening both first
-    convs keep their default init and train (the proxy's is not the main network's); sampling with
-    replacement repeats images within an epoch; lookahead_every 0: no Lookahead."""
-    networks = []
-    select = faster.select_hardest
-    def recording_select(proxy, *args):
-        networks.append(proxy)
-        return select(proxy, *args)
-    monkeypatch.setattr(faster, 'select_hardest', recording_select)
+    """Without whitening both first convs keep their default init and train (the proxy's is not
+    the main network's); sampling with replacement repeats images; lookahead_every 0: none."""
+    selections = spy(monkeypatch, faster, 'select_hardest')
     monkeypatch.setattr(faster, 'LookaheadState', lambda net: pytest.fail('Lookahead made'))
-    hyp = small(faster.hyp, {'opt.batch_size': 16, 'opt.train_epochs': 2,
+    hyp = small(faster.hyp, {'opt.batch_size': 16, 'opt.train_epochs': 2, 'net.tta_level': 0,
                              'opt.sampling': 'replacement', 'opt.lookahead_every': 0,
                              'net.whiten': False, 'net.identity_init': False})
     result = faster.train(tiny_dataset(), hyp, CPU, 'fp32', 0, epoch_eval=False)
-    (proxy,) = networks
+    ((proxy, *_),) = selections
     net = result['net']
     assert proxy[0].weight.requires_grad and proxy[0].bias.requires_grad
     assert net[0].weight.requires_grad and net[0].bias.requires_grad
@@ -275,17 +256,3 @@ def test_airbench96s_switches_apply_to_both_networks(faster, monkeypatch):
                                 sampling='replacement')
     epoch = torch.cat([labels for _, (_, labels) in zip(range(4), loader)])
     assert len(set(epoch.tolist())) < 64  # some drawn twice
-
-
-@pytest.mark.slow
-def test_run_writes_logs_and_learns(image_folder, tmp_path):
-    widths = {'block1': 16, 'block2': 16, 'block3': 16}
-    result = run_script(NAME, '--data-dir', image_folder, '--runs', '1', '--seed', '3',
-                        '--log-dir', str(tmp_path / 'logs'), *QUICK,
-                        hyp={**QUICK_HYP, 'net.widths': widths})
-    assert result.returncode == 0, result.stderr
-    summary = summary_of(tmp_path / 'logs')
-    assert summary['status'] == 'finished' and summary['hyp']['opt']['train_epochs'] == 4
-    (run,) = summary['runs']
-    assert run['steps'] == 24 and len(run['epoch_train_losses']) == 4  # 384 images, batches of 64
-    assert run['tta_val_acc'] > 0.6 and run['total_time_seconds'] > 0

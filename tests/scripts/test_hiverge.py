@@ -1,10 +1,6 @@
-"""airbench94_hiverge.py's own method: the published hyperparameters, the batched orthogonalization
-(equal to orthogonalizing each filter bank alone), the growing renormalization interval, the
-brightness and contrast jitter's ranges, the selective TTA (full TTA's logits on the least
-confident images, plain logits on the others; fraction 1 is full TTA). What it shares with
-airbench94 is checked there once (tests/scripts/test_layout.py proves the blocks identical); what
-it shares with airbench94_muon (the Muon step, its schedules, its CPU path) in test_muon.py; its
-CUDA path in test_cuda_path.py, its graphs in test_compiled.py."""
+"""airbench94_hiverge.py's own method; what it shares with airbench94 is tested there
+(test_layout.py proves the blocks identical), what it shares with airbench94_muon in
+test_muon.py."""
 import math
 
 import pytest
@@ -15,8 +11,7 @@ from torch import nn
 from conftest import load_script, script_changes
 
 NAME = 'airbench94_hiverge'
-# Every 3x3 filter bank of a network of conftest.TINY_WIDTHS, flattened to out_channels x
-# (in_channels * 9), in order: of several shapes, as the network's
+# The 3x3 filter banks of a network of TINY_WIDTHS, flattened: of several shapes, as the network's
 BANKS = [(8, 24 * 9), (8, 8 * 9), (16, 8 * 9), (16, 16 * 9), (16, 16 * 9), (16, 16 * 9)]
 SMALL = {'block1': 8, 'block2': 8, 'block3': 8}
 NO_AUTOCAST = torch.autocast('cpu', enabled=False)
@@ -50,13 +45,12 @@ def test_hyperparameters_are_the_published_scripts(hiverge):
             math.ceil(steps_per_epoch * opt['whiten_bias_epochs'])) == (32, 245, 7)
     changes = script_changes(NAME)
     assert '245 steps of 32 per epoch' in changes and '= 7' in changes
-    net = hiverge.make_net(arch['widths'], 10, arch['batchnorm_momentum'], arch['scaling_factor'])
+    net = small_net(hiverge)
     activations = [type(m) for m in net.modules() if isinstance(m, (nn.GELU, nn.SiLU))]
     assert activations == [nn.GELU] + [nn.SiLU] * 3  # GELU after whitening; SiLU in the blocks
     assert all(block.activ.__class__ is nn.SiLU for block in net[2:5])
 
 
-# ------------------------------------ The orthogonalization ------------------------------------
 def padded_batch(matrices):
     rows = max(m.size(0) for m in matrices)
     cols = max(m.size(1) for m in matrices)
@@ -110,7 +104,6 @@ def test_renormalization_interval_grows_from_2_to_17_steps(hiverge, total_steps)
         assert len(steps) == 37 and steps[:4] == [1, 3, 5, 7] and intervals[-2:] == [15, 16]
 
 
-# ------------------------------------------ The jitter -----------------------------------------
 def jittered_epoch(hiverge, images, brightness, contrast, seed=0):
     """The loader's epoch of uint8 images (N, H, W, 3) with the jitter alone (no flip, no
     translation), normalized by mean 0 and std 1 (pixel values 0 to 1)."""
@@ -152,9 +145,8 @@ def test_jitter_shifts_and_scales_each_image_uniformly_within_its_ranges(hiverge
 
 
 def test_loader_jitters_every_image_anew_each_epoch_after_the_flip(hiverge):
-    """Images whose left half is 1 and right half 0: after normalization (mean 0.5, std 0.5) +1
-    and -1, jittered to (+1 + b) s and (-1 + b) s, so each image's b and s can be read back and
-    the flip still shows as which half holds the larger value."""
+    """Halves normalized to +1 and -1, jittered to (+1 + b) s and (-1 + b) s: each image's b and s
+    can be read back, and the flip as which half holds the larger value."""
     n = 512
     images = torch.zeros(n, 32, 32, 3, dtype=torch.uint8)
     images[:, :, :16] = 255
@@ -185,7 +177,6 @@ def test_loader_jitters_every_image_anew_each_epoch_after_the_flip(hiverge):
         assert (scales != next_scales).all()  # new draws every epoch
 
 
-# --------------------------------------- The selective TTA ---------------------------------------
 def view_logits(net, images, tta_level=2):
     """The mean of TTA's views (six at level 2, two at level 1), each evaluated alone: independent
     of infer's batching."""
@@ -198,26 +189,26 @@ def view_logits(net, images, tta_level=2):
 def test_selective_tta_gives_full_tta_to_the_least_confident_and_plain_logits_to_the_others(
         hiverge):
     net = small_net(hiverge).eval()
-    images = torch.randn(96, 3, 32, 32)  # batches of 64 and 32
-    plain = hiverge.infer(net, images, 0, NO_AUTOCAST, batch_size=64)
+    images = torch.randn(48, 3, 32, 32)  # batches of 32 and 16
+    plain = hiverge.infer(net, images, 0, NO_AUTOCAST, batch_size=32)
     with torch.no_grad():
         assert torch.allclose(plain, net(images), atol=1e-6)
     confidence = plain.softmax(1).amax(1)
     for tta_level, fraction in ((2, 0.25), (2, 0.5), (1, 0.25)):
         full = view_logits(net, images, tta_level)
         assert not torch.allclose(full, plain, atol=1e-3)
-        selective = hiverge.infer(net, images, tta_level, NO_AUTOCAST, batch_size=64,
+        selective = hiverge.infer(net, images, tta_level, NO_AUTOCAST, batch_size=32,
                                   tta_fraction=fraction)
-        count = int(96 * fraction)
-        chosen = torch.zeros(96, dtype=torch.bool)
+        count = int(48 * fraction)
+        chosen = torch.zeros(48, dtype=torch.bool)
         chosen[confidence.argsort()[:count]] = True  # the least confident
         assert confidence[chosen].max() <= confidence[~chosen].min()
         assert torch.allclose(selective[chosen], full[chosen], atol=1e-5)
         assert torch.equal(selective[~chosen], plain[~chosen])
     # Fraction 1 (the default) is full TTA; fraction 0, or level 0, plain evaluation
     full = view_logits(net, images)
-    for logits in (hiverge.infer(net, images, 2, NO_AUTOCAST, batch_size=64, tta_fraction=1.0),
-                   hiverge.infer(net, images, 2, NO_AUTOCAST, batch_size=64)):
+    for logits in (hiverge.infer(net, images, 2, NO_AUTOCAST, batch_size=32, tta_fraction=1.0),
+                   hiverge.infer(net, images, 2, NO_AUTOCAST, batch_size=32)):
         assert torch.allclose(logits, full, atol=1e-5)
-    assert torch.equal(hiverge.infer(net, images, 2, NO_AUTOCAST, 64, tta_fraction=0.0), plain)
-    assert torch.equal(hiverge.infer(net, images, 0, NO_AUTOCAST, 64, tta_fraction=0.25), plain)
+    assert torch.equal(hiverge.infer(net, images, 2, NO_AUTOCAST, 32, tta_fraction=0.0), plain)
+    assert torch.equal(hiverge.infer(net, images, 0, NO_AUTOCAST, 32, tta_fraction=0.25), plain)

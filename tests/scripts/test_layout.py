@@ -1,10 +1,10 @@
 """The method-first layout: each script is its method, then one banner, then the code that runs
-it, identical in all scripts; a reader can copy the method, or a block of it, with nothing to edit
-out."""
+it, identical in all scripts, so that a reader can copy the method, or a block of it, as it is."""
 import ast
 import glob
 import os
 import shutil
+import subprocess
 import sys
 
 import pytest
@@ -28,7 +28,6 @@ def test_airbench94_within_the_line_limits():
 
 
 def test_one_name_per_assignment_in_every_python_file():
-    """The scripts' rule, and every other Python file's: studylib, the tools, the tests."""
     paths = [os.path.join(REPO, path) for path in ('*.py', 'studylib/**/*.py', 'tools/*.py',
                                                     'tests/**/*.py', 'studies/*.py')]
     files = sorted({file for path in paths for file in glob.glob(path, recursive=True)})
@@ -61,7 +60,6 @@ def test_the_check_detects_drift_and_sync_repairs_it(tmp_path, monkeypatch):
 
 
 def top_level_names(source):
-    """The names a module's top level defines: functions, classes, assignments, imports."""
     names = set()
     for node in ast.parse(source).body:
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
@@ -83,15 +81,15 @@ def test_the_method_uses_nothing_from_below_the_banner(name):
 
 
 def test_the_method_part_alone_trains_a_network(ab94):
-    """What a reader copies: the module docstring and method part, executed without the rest."""
+    """The module docstring and method part, what a reader copies, executed without the rest."""
     doc, method, _ = shared.split(shared.read('airbench94'))
     namespace = {}
     exec(compile(''.join(doc) + method, 'method_part', 'exec'), namespace)
     assert 'main' not in namespace and 'load_dataset' not in namespace
     hyp = with_entries(namespace['hyp'], {'opt.batch_size': 32, 'opt.train_epochs': 2,
-                                          'net.widths': TINY_WIDTHS})
-    result = namespace['train'](tiny_dataset(), hyp, CPU, 'fp32', seed=1)
-    whole = ab94.train(tiny_dataset(), hyp, CPU, 'fp32', seed=1)
+                                          'net.widths': TINY_WIDTHS, 'net.tta_level': 1})
+    result = namespace['train'](tiny_dataset(), hyp, CPU, 'fp32', seed=1, epoch_eval=False)
+    whole = ab94.train(tiny_dataset(), hyp, CPU, 'fp32', seed=1, epoch_eval=False)
     assert result['epoch_train_losses'] == whole['epoch_train_losses']
     assert result['tta_val_acc'] == whole['tta_val_acc']
     assert result['epoch_train_losses'][-1] < result['epoch_train_losses'][0]
@@ -112,8 +110,7 @@ def test_import_does_nothing_but_define(name):
 
 
 def test_the_tail_needs_only_torch_and_torchvision():
-    """Below the banner: the standard library, torch, torchvision and its PIL, nothing of
-    studylib's (what only studies need lives there)."""
+    """Nothing of studylib's below the banner: what only studies need lives there."""
     _, _, tail = shared.split(shared.read('airbench94'))
     modules = set()
     for node in ast.walk(ast.parse(tail)):
@@ -126,9 +123,8 @@ def test_the_tail_needs_only_torch_and_torchvision():
 
 @pytest.mark.parametrize('name', ALL_SCRIPTS)
 def test_each_script_owns_the_rules_of_its_own_hyp(name):
-    """A script's HYP_CHOICES and HYP_RANGES stand above the banner and name its own entries only
-    (GROUP.NAME of its hyp): no table names another script's keys. The tail checks a str or bool
-    entry of hyp only against HYP_CHOICES: each must be there, its value among them."""
+    """HYP_CHOICES and HYP_RANGES stand above the banner and name the script's own entries only;
+    the tail checks a str or bool entry of hyp only against HYP_CHOICES, so each is there."""
     script = load_script(name)
     _, method, _ = shared.split(shared.read(name))
     assert {'HYP_CHOICES', 'HYP_RANGES'} <= top_level_names(method)

@@ -1,37 +1,36 @@
-"""The Muon scripts' own method, each property once for airbench94_muon and airbench94_hiverge: the
-Newton-Schulz orthogonalization, the Muon step, the parameter groups, the schedules in training,
-the head's initialization, the CPU path; and airbench94_muon's record's hyperparameters and its
-Muon step compiled by inductor. What they share with airbench94 is checked there once
-(tests/scripts/test_layout.py proves the blocks identical); airbench94_hiverge's own in
-test_hiverge.py; their CUDA path in test_cuda_path.py, their graphs in test_compiled.py."""
+"""The Muon scripts' own method, each property once for airbench94_muon and airbench94_hiverge;
+what they share with airbench94 is tested there (test_layout.py proves the blocks identical)."""
 import pytest
 import torch
 from torch import nn
 
-from conftest import CPU, TINY_WIDTHS, load_script, newton_schulz_by_svd, tiny_dataset
+from conftest import CPU, TINY_WIDTHS, load_script, spy, tiny_dataset
 from studylib.hyp import with_entries
 
 MUON_SCRIPTS = ['airbench94_muon', 'airbench94_hiverge']
-# The 3x3 filter banks of the network, flattened to out_channels x (in_channels * 9): all wide;
-# the tests also take each one transposed (tall). Not the largest, 256 x 2304: its singular values
-# after 3 steps (0.86 to 1.21, 0.91 to 1.22 in airbench94_hiverge, measured) lie inside those of
-# the others, at 5 times their cost.
+# The network's 3x3 filter banks flattened, each also transposed (tall); not the largest, 256 x
+# 2304, whose singular values after 3 steps (measured) lie inside the others', at 5 times the cost
 FILTER_SHAPES = [(64, 24 * 9), (64, 64 * 9), (256, 64 * 9)]
 COEFFICIENTS = {'airbench94_muon': (3.4445, -4.7750, 2.0315),
                 'airbench94_hiverge': (3.4576, -4.7391, 2.0843)}
-# Singular values of the output after 3 steps, over the matrices below, measured here: muon bf16
-# 0.669 to 1.205, fp32 0.682 to 1.202; hiverge bf16 0.793 to 1.247, fp32 0.793 to 1.240. The
-# record's docstring intends "roughly 0.5 to 1.5"; required, the measured band with a margin
+# Singular values after 3 steps, measured: muon bf16 0.669 to 1.205, fp32 0.682 to 1.202; hiverge
+# bf16 0.793 to 1.247, fp32 0.793 to 1.240 (the record intends "roughly 0.5 to 1.5")
 BANDS = {'airbench94_muon': (0.6, 1.25), 'airbench94_hiverge': (0.75, 1.3)}
 
 
-@pytest.fixture(scope='module')
-def muon():
-    return load_script('airbench94_muon')
+def newton_schulz_by_svd(coefficients, matrix, steps):
+    """The iteration on the singular values alone, in float64, independent of the code under
+    test: U p(S / |M|_F) V^T, p(s) = a s + b s^3 + c s^5 applied `steps` times."""
+    u, s, vh = torch.linalg.svd(matrix.double(), full_matrices=False)
+    a, b, c = coefficients
+    s = s / s.square().sum().sqrt()
+    for _ in range(steps):
+        s = a * s + b * s**3 + c * s**5
+    return u @ torch.diag(s) @ vh
 
 
-def random_filter_matrices(seed=0):
-    generator = torch.Generator().manual_seed(seed)
+def random_filter_matrices():
+    generator = torch.Generator().manual_seed(0)
     for rows, cols in FILTER_SHAPES:
         matrix = torch.randn(rows, cols, generator=generator, dtype=torch.float64)
         yield matrix
@@ -39,49 +38,40 @@ def random_filter_matrices(seed=0):
 
 
 def orthogonalize(script, matrix, steps, dtype):
-    """The script's Newton-Schulz iteration on one matrix in dtype: airbench94_hiverge's takes a
-    batch, in its own dtype."""
+    """airbench94_hiverge's takes a batch, in its own dtype."""
     if script.__name__ == 'airbench94_hiverge':
         return script.orthogonalize(matrix[None].to(dtype), steps)[0]
     return script.orthogonalize(matrix, steps, dtype)
 
 
+# tolerance: of the off-diagonal share of U^T X V (the input's singular vectors applied to the
+# output), measured below 1e-6 in fp32, at most 0.016 in bf16 (its rounding)
 @pytest.mark.parametrize('name', MUON_SCRIPTS)
-@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float32])
-def test_newton_schulz_puts_every_singular_value_in_the_band(name, dtype):
+@pytest.mark.parametrize('dtype, tolerance', [(torch.float32, 1e-4), (torch.bfloat16, 0.05)])
+def test_newton_schulz_puts_the_singular_values_in_the_band_and_keeps_the_vectors(name, dtype,
+                                                                                   tolerance):
     script = load_script(name)
     low, high = BANDS[name]
     for matrix in random_filter_matrices():
-        singular_values = torch.linalg.svdvals(orthogonalize(script, matrix, 3, dtype).double())
+        output = orthogonalize(script, matrix, 3, dtype).double()
+        singular_values = torch.linalg.svdvals(output)
         assert singular_values.min() > low and singular_values.max() < high, matrix.shape
-    # The control: one step is not enough to lift the small singular values into the band
+        u, _, vh = torch.linalg.svd(matrix, full_matrices=False)
+        rotated = u.T @ output @ vh.T
+        off_diagonal = rotated - torch.diag(torch.diagonal(rotated))
+        assert off_diagonal.norm() / rotated.norm() < tolerance, matrix.shape
+    if dtype == torch.float32:
+        expected = newton_schulz_by_svd(COEFFICIENTS[name], matrix, 3)
+        assert torch.allclose(output, expected, atol=1e-4)
+    # The control: one step leaves the small singular values below the band
     one_step = orthogonalize(script, matrix, 1, dtype).double()
     assert torch.linalg.svdvals(one_step).min() < low
 
 
-# Off-diagonal share of U^T X V (the input's singular vectors applied to the output), measured:
-# fp32 below 1e-6, bf16 at most 0.016 (its rounding); 0 would be vectors preserved exactly.
-@pytest.mark.parametrize('name', MUON_SCRIPTS)
-@pytest.mark.parametrize('dtype, tolerance', [(torch.float32, 1e-4), (torch.bfloat16, 0.05)])
-def test_newton_schulz_keeps_the_singular_vectors(name, dtype, tolerance):
-    script = load_script(name)
-    for matrix in random_filter_matrices(seed=1):
-        u, _, vh = torch.linalg.svd(matrix, full_matrices=False)
-        rotated = u.T @ orthogonalize(script, matrix, 3, dtype).double() @ vh.T
-        off_diagonal = rotated - torch.diag(torch.diagonal(rotated))
-        assert off_diagonal.norm() / rotated.norm() < tolerance, matrix.shape
-    expected = newton_schulz_by_svd(COEFFICIENTS[name], matrix, 3)
-    assert torch.allclose(orthogonalize(script, matrix, 3, torch.float32).double(), expected,
-                          atol=1e-4)
-
-
 @pytest.mark.parametrize('name', MUON_SCRIPTS)
 def test_muon_step_is_renormalization_then_orthogonal_update_then_decoupled_decay(name):
-    """Two banks of different shapes (airbench94_hiverge pads one to the other's), float64, against
-    the update computed for each bank alone by SVD: Nesterov momentum; the bank renormalized to
-    Frobenius norm sqrt(out_channels) (airbench94_muon at every step, airbench94_hiverge where its
-    flag, a tensor, says); then lr times the orthogonalized momentum; then airbench94_hiverge's
-    decoupled decay. A bank without a gradient (a frozen one) is left alone."""
+    """Two banks of different shapes (airbench94_hiverge pads one to the other's) against each
+    bank's update by SVD; airbench94_hiverge renormalizes where its flag says."""
     script = load_script(name)
     hiverge = name == 'airbench94_hiverge'
     generator = torch.Generator().manual_seed(0)
@@ -91,16 +81,11 @@ def test_muon_step_is_renormalization_then_orthogonal_update_then_decoupled_deca
     lr = 0.205
     momentum = 0.655
     decay = 1.0418e-6 * 1536 if hiverge else 0.0
-    if hiverge:
-        optimizer = script.Muon(weights, lr, momentum, 3, decay, torch.float64)
-    else:
-        optimizer = script.Muon(weights, lr, momentum, 3, torch.float64)
+    decoupled = (decay,) if hiverge else ()
+    optimizer = script.Muon(weights, lr, momentum, 3, *decoupled, torch.float64)
 
-    def step(renormalize):  # airbench94_hiverge's step takes the flag
-        if hiverge:
-            optimizer.step(torch.tensor(renormalize))
-        else:
-            optimizer.step()
+    def step(renormalize):  # airbench94_hiverge's takes its flag
+        optimizer.step(*([torch.tensor(renormalize)] if hiverge else []))
     expected = [w.detach().clone() for w in weights]
     buffers = [torch.zeros(shape, dtype=torch.float64) for shape in shapes]
     for renormalize in ((True, False, True) if hiverge else (True, True, True)):
@@ -145,7 +130,8 @@ def test_groups_cover_every_trainable_parameter_once_each_decaying_per_example(n
             opt['weight_decay'] * opt['batch_size'])
 
 
-def test_hyperparameters_are_the_records(muon, ab94):
+def test_hyperparameters_are_the_records(ab94):
+    muon = load_script('airbench94_muon')
     opt = muon.hyp['opt']
     arch = muon.hyp['net']
     assert opt == dict(train_epochs=8, batch_size=2000, filter_lr=0.24, filter_momentum=0.6,
@@ -161,7 +147,7 @@ def test_hyperparameters_are_the_records(muon, ab94):
 def test_head_starts_at_unit_std_and_whitening_bias_keeps_its_init(name):
     script = load_script(name)
     torch.manual_seed(0)
-    net = script.build_net(script.hyp['net'], 10, CPU, 'fp32')
+    net = script.build_net({**script.hyp['net'], 'widths': TINY_WIDTHS}, 10, CPU, 'fp32')
     assert net[-2].weight.std().item() == pytest.approx(1.0)
     torch.manual_seed(1)
     script.reinitialize(net)
@@ -172,9 +158,9 @@ def test_head_starts_at_unit_std_and_whitening_bias_keeps_its_init(name):
     assert torch.equal(net[0].bias.detach(), bias)
 
 
-# Batches of 16 of tiny_dataset()'s 64 images: each script's run, its steps and the whitening
-# bias's (airbench94_muon trains it for whole epochs; airbench94_hiverge for the steps begun in
-# its fraction of an epoch, 2 of 4); airbench94_hiverge's renormalizations, intervals 2, 3, 5, 8, 13
+# In batches of 16 of 64 images: the run's entries, its steps, the whitening bias's (whole epochs
+# in airbench94_muon; in airbench94_hiverge the steps begun in its fraction of an epoch, 2 of 4),
+# airbench94_hiverge's renormalizations (intervals 2, 3, 5, 8, 13)
 SCHEDULES = {'airbench94_muon': ({'opt.train_epochs': 4, 'opt.whiten_bias_epochs': 2}, 16, 8,
                                  None),
              'airbench94_hiverge': ({'opt.train_epochs': 9.9, 'opt.whiten_bias_epochs': 0.4}, 40,
@@ -183,8 +169,7 @@ SCHEDULES = {'airbench94_muon': ({'opt.train_epochs': 4, 'opt.whiten_bias_epochs
 
 @pytest.mark.parametrize('name', MUON_SCRIPTS)
 def test_schedules_decay_linearly_to_zero_and_the_whitening_bias_freezes(name, monkeypatch):
-    """Muon's lr and the SGD groups' (the BatchNorm biases', the head's) from 1 down to 0 over the
-    run; the whitening bias's over its own steps, after which it has no gradient."""
+    """The whitening bias's lr decays over its own steps, after which it has no gradient."""
     script = load_script(name)
     entries, total, bias_steps, renormalized = SCHEDULES[name]
     assert script.lr_schedule(4) == [1.0, 0.75, 0.5, 0.25, 0.0]
@@ -222,54 +207,34 @@ def test_schedules_decay_linearly_to_zero_and_the_whitening_bias_freezes(name, m
 
 @pytest.mark.parametrize('name', MUON_SCRIPTS)
 def test_cpu_path_eager_sgd_unfused_and_newton_schulz_in_bf16_or_fp32(name, monkeypatch):
-    """The CPU path as before the CUDA path was compiled and fused (bitwise the same results,
-    checked against the earlier code when it changed): nothing compiled, SGD's per-tensor
-    implementation; the Newton-Schulz iteration in bf16, in fp32 in the fp32 recipe; Muon made as
-    hyp says (airbench94_hiverge's decay per example at the batch size)."""
+    """The CPU path gives the results it gave before the CUDA path was compiled and fused."""
     script = load_script(name)
-    fused = []
-    sgd_init = torch.optim.SGD.__init__
-
-    def recording_init(self, params, **kwargs):
-        fused.append(kwargs.get('fused'))
-        sgd_init(self, params, **kwargs)
-    made = []
-    muon_init = script.Muon.__init__
-
-    def recording_muon_init(self, params, *args, **kwargs):
-        made.append(self)
-        muon_init(self, params, *args, **kwargs)
-    dtypes = []
-    orthogonalize = script.orthogonalize
-
-    def recording_orthogonalize(update, steps, *dtype):  # airbench94_muon's casts to its dtype
-        dtypes.append(dtype[0] if dtype else update.dtype)
-        return orthogonalize(update, steps, *dtype)
-    monkeypatch.setattr(torch.optim.SGD, '__init__', recording_init)
-    monkeypatch.setattr(script.Muon, '__init__', recording_muon_init)
-    monkeypatch.setattr(script, 'orthogonalize', recording_orthogonalize)
+    sgds = spy(monkeypatch, torch.optim.SGD, '__init__')
+    muons = spy(monkeypatch, script.Muon, '__init__')
+    orthogonalized = spy(monkeypatch, script, 'orthogonalize')
     monkeypatch.setattr(torch, 'compile', lambda *args, **kwargs: pytest.fail('compiled on CPU'))
     hyp = with_entries(script.hyp, {'opt.batch_size': 32, 'opt.train_epochs': 0.5,
-                                    'net.widths': TINY_WIDTHS})
+                                    'net.widths': TINY_WIDTHS, 'net.tta_level': 0})
     opt = hyp['opt']
     for precision, dtype in (('bf16', torch.bfloat16), ('fp32', torch.float32)):
-        dtypes.clear()
+        orthogonalized.clear()
         script.train(tiny_dataset(), hyp, CPU, precision, seed=0, epoch_eval=False)
-        assert set(dtypes) == {dtype}
-        group = made[-1].param_groups[0]
+        # (update, steps), or airbench94_muon's (update, steps, dtype)
+        assert {args[2] if len(args) > 2 else args[0].dtype for args in orthogonalized} == {dtype}
+        muon = muons[-1][0]
+        group = muon.param_groups[0]
         assert (group['lr'], group['momentum'], group['steps'], group['dtype']) == (
             opt['filter_lr'], opt['filter_momentum'], opt['newton_schulz_steps'], dtype)
         assert group.get('weight_decay', 0) == pytest.approx(
             opt['weight_decay'] * 32 if 'renorm_every' in opt else 0)
-        assert made[-1].update is script.muon_update
-    assert fused == [False, False]
+        assert muon.update is script.muon_update
+    assert [sgd.defaults['fused'] for sgd, *_ in sgds] == [False, False]
 
 
 @pytest.mark.slow  # inductor's CPU backend runs a C++ compiler
-def test_compiled_muon_step_computes_what_the_eager_one_does(muon):
-    """On CUDA train() compiles Muon's whole step (one graph, in the warmup: test_compiled.py);
-    here with inductor's CPU backend, on the network's filter banks, at two lrs given as train()
-    gives them (tensors)."""
+def test_compiled_muon_step_computes_what_the_eager_one_does():
+    """At two lrs, tensors as train() gives them."""
+    muon = load_script('airbench94_muon')
     torch._dynamo.reset()
     net = muon.build_net(muon.hyp['net'], 10, CPU, 'fp32')
     filters = [p for p in net.parameters() if p.ndim == 4 and p.requires_grad]

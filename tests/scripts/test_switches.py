@@ -1,37 +1,24 @@
-"""The switches in hyp for the features the paper ablates (its additive-ablation figure and its
-training-distribution table): each non-default value changes the training as its name says.
-
-Training runs spy on what train() does (the optimizer's steps, the loader's batches, the calls it
-makes) rather than trusting that a run finished. The shared method blocks are identical in the
-paper's four scripts (test_layout.py), so train() is exercised on airbench94 alone."""
+"""The switches in hyp for the features the paper ablates: each non-default value changes the
+training as its name says, seen in what train() does (its optimizer's steps, its loader's batches,
+its calls). train() is airbench94's in the paper's four scripts (test_layout.py)."""
 import copy
 import itertools
 import math
-import re
 
 import pytest
 import torch
 from torch import nn
 
-from conftest import ALL_SCRIPTS, CPU, TINY_WIDTHS, load_script, quick_train, tiny_dataset
-from studylib.cli import parse_flags
-from studylib.errors import StudyError
-from studylib.hyp import config_hyp, with_entries
-
-
-def study_hyp(script, settings, hyp=None):
-    """The hyp that study.py trains for `-- --hyp SETTING ...`, checked by the script's rules."""
-    flags = [word for setting in settings for word in ('--hyp', setting)]
-    return config_hyp(script.hyp if hyp is None else hyp, script.HYP_CHOICES, script.HYP_RANGES,
-                      parse_flags(flags))
+from conftest import (CPU, PAPER_SCRIPTS, TINY_WIDTHS, load_script, marked_slow, quick_train,
+                      spy, study_hyp, tiny_dataset)
+from studylib.hyp import with_entries
 
 N = 2050  # loader tests: 20 full batches of BATCH and a partial one, dropped
 BATCH = 100
 
 
 class RecordingSGD(torch.optim.SGD):
-    """torch.optim.SGD that keeps its initial lrs and its parameters before its first step and
-    after its last; the latest one made is RecordingSGD.latest."""
+    """Keeps its initial lrs and its parameters before its first step and after its last."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -54,18 +41,6 @@ class RecordingSGD(torch.optim.SGD):
 def sgd(monkeypatch):
     monkeypatch.setattr(torch.optim, 'SGD', RecordingSGD)
     return RecordingSGD
-
-
-def spy(monkeypatch, module, name):
-    """Calls of module.name (each call's arguments), which still does its work."""
-    calls = []
-    original = getattr(module, name)
-
-    def recorded(*args, **kwargs):
-        calls.append(args)
-        return original(*args, **kwargs)
-    monkeypatch.setattr(module, name, recorded)
-    return calls
 
 
 def index_of(tensor, tensors):
@@ -101,14 +76,14 @@ def test_whitening_off_trains_the_first_conv_from_its_default_init(ab94, sgd, mo
     assert torch.allclose(conv.weight, torch.cat([filters, -filters]), atol=1e-4)
 
 
-def test_identity_init_off_leaves_the_3x3_convs_at_their_default_init(paper_script):
-    arch = paper_script.hyp['net']
+@pytest.mark.parametrize('name', marked_slow(['airbench94_compiled', 'airbench95'], PAPER_SCRIPTS))
+def test_identity_init_off_leaves_the_3x3_convs_at_their_default_init(name):
+    script = load_script(name)
     nets = {}
     for identity_init in (True, False):
-        nets[identity_init] = paper_script.make_net(arch['widths'], 10, arch['batchnorm_momentum'],
-                                                    arch['scaling_factor'])
+        nets[identity_init] = script.make_net(TINY_WIDTHS, 10, 0.6, 1 / 9)
         torch.manual_seed(0)  # the same init seed
-        paper_script.reinitialize(nets[identity_init], identity_init=identity_init)
+        script.reinitialize(nets[identity_init], identity_init=identity_init)
     pairs = [(on, off) for on, off in zip(nets[True].modules(), nets[False].modules())
              if isinstance(on, nn.Conv2d) and on.kernel_size == (3, 3)]
     assert len(pairs) >= 6
@@ -123,8 +98,7 @@ def test_identity_init_off_leaves_the_3x3_convs_at_their_default_init(paper_scri
 
 def test_identity_init_off_in_training(ab94, monkeypatch):
     calls = spy(monkeypatch, ab94, 'init_identity')
-    net = ab94.build_net({**ab94.hyp['net'], 'widths': TINY_WIDTHS}, 2, torch.device('cpu'),
-                         'fp32')
+    net = ab94.build_net({**ab94.hyp['net'], 'widths': TINY_WIDTHS}, 2, CPU, 'fp32')
     calls.clear()  # make_net's own init
     run(ab94, net=net, entries={'net.identity_init': False, 'opt.train_epochs': 1})
     assert calls == []
@@ -150,8 +124,7 @@ def test_lookahead_off_returns_the_weights_of_the_last_step(ab94, sgd, monkeypat
     params = sgd.latest.params()
     assert all(torch.equal(p, last) for p, last in zip(params, sgd.latest.last))
     assert any(not torch.equal(p, first) for p, first in zip(params, sgd.latest.first))
-    # Lookahead that would never fire (every 7 of 6 steps) is off: its end would restore the
-    # initial weights
+    # Lookahead that would never fire (every 7 of 6 steps) is off: its end would restore the start
     never = run(ab94, 1, entries={'opt.lookahead_every': 7})
     assert made == [] and never['epoch_train_losses'] == off['epoch_train_losses']
     for (name, a), b in zip(never['net'].state_dict().items(), off['net'].state_dict().values()):
@@ -166,11 +139,11 @@ def test_lookahead_off_returns_the_weights_of_the_last_step(ab94, sgd, monkeypat
 
 
 def loader_epochs(script, sampling, flip='none', epochs=3, order_seed=0, aug_seed=1):
-    """Each epoch's ids in the order drawn, and each id's orientation in it (True: mirrored), of a
-    loader in batches of BATCH over N images whose left half is +1 and right half -1, labelled by
-    their index: an iteration per epoch, or airbench96_faster's one stream cut into epochs of N."""
-    images = torch.zeros(N, 32, 32, 3, dtype=torch.uint8)
-    images[:, :, :16] = 255
+    """Each epoch's ids in the order drawn, and {id: mirrored}, of a loader in batches of BATCH
+    over N 4x4 images, left half +1 and right half -1, labelled by their index
+    (airbench96_faster's one stream cut into epochs of N)."""
+    images = torch.zeros(N, 4, 4, 3, dtype=torch.uint8)
+    images[:, :, :2] = 255
     loader = script.CifarLoader(images, torch.arange(N), BATCH, (0.5,) * 3, (0.5,) * 3,
                                 {'flip': flip, 'translate': 0, 'cutout': 0},
                                 order_generator=torch.Generator().manual_seed(order_seed),
@@ -192,7 +165,7 @@ def loader_epochs(script, sampling, flip='none', epochs=3, order_seed=0, aug_see
     return result
 
 
-def test_sampling_with_replacement_repeats_images_within_an_epoch(ab94):
+def test_sampling_with_replacement_repeats_images_drawn_from_the_order_generator(ab94):
     for sampling in ('reshuffle', 'replacement'):
         previous = None
         for ids, _ in loader_epochs(ab94, sampling):
@@ -204,24 +177,18 @@ def test_sampling_with_replacement_repeats_images_within_an_epoch(ab94):
                 assert counts.max() >= 2 and 0.6 < (counts > 0).float().mean() < 0.665
             assert previous is None or not torch.equal(counts, previous)  # drawn anew each epoch
             previous = counts
-
-
-def test_sampling_with_replacement_draws_from_the_order_generator(ab94):
-    def order(**seeds):
-        return [ids for ids, _ in loader_epochs(ab94, 'replacement', 'random', 2, **seeds)]
-    reference = order(order_seed=0, aug_seed=1)
-    assert all(map(torch.equal, order(order_seed=0, aug_seed=5), reference))
-    assert not any(map(torch.equal, order(order_seed=4, aug_seed=1), reference))
+    reference = [ids for ids, _ in loader_epochs(ab94, 'replacement', 'random', 2)]
+    for seeds, same in (({'aug_seed': 5}, True), ({'order_seed': 4}, False)):
+        order = [ids for ids, _ in loader_epochs(ab94, 'replacement', 'random', 2, **seeds)]
+        assert [torch.equal(a, b) for a, b in zip(order, reference)] == [same, same]
 
 
 @pytest.mark.parametrize('name, sampling, flip', [
     ('airbench94', 'reshuffle', 'alternating'), ('airbench94', 'replacement', 'alternating'),
     ('airbench96_faster', 'reshuffle', 'alternating'), ('airbench94', 'reshuffle', 'random')])
 def test_alternating_flip_alternates_each_images_orientation(name, sampling, flip):
-    """Epoch 0 mirrors about half the images; then each image's orientation alternates from epoch
-    to epoch: also with replacement (an image met again two epochs later has its orientation of
-    then) and along airbench96_faster's stream, whose batches cross epochs. The control: random
-    flip, a coin per image and epoch, keeps about half the orientations."""
+    """Also with replacement, and along airbench96_faster's stream; the control: random flip, a
+    coin per image and epoch, keeps about half the orientations."""
     epochs = [mirrored for _, mirrored in loader_epochs(load_script(name), sampling, flip, 4)]
     assert 0.45 < sum(epochs[0].values()) / len(epochs[0]) < 0.55
     for gap in (1, 2, 3):
@@ -235,68 +202,16 @@ def test_alternating_flip_alternates_each_images_orientation(name, sampling, fli
                 assert all(kept == (gap % 2 == 0) for kept in same)
 
 
-def test_training_samples_with_replacement(ab94, monkeypatch):
-    """train() passes opt.sampling to its loader: labels 0..63 name the 64 images."""
-    epochs = []
-
-    class RecordingLoader(ab94.CifarLoader):
-        def __iter__(self):
-            epochs.append([])
-            for images, labels in super().__iter__():
-                epochs[-1].append(labels)
-                yield images, labels
-    monkeypatch.setattr(ab94, 'CifarLoader', RecordingLoader)
-    data = tiny_dataset(num_classes=64, per_class=1)
+def test_training_samples_as_hyp_says(ab94, monkeypatch):
+    """The loader's sampling, tested above, is hyp's."""
+    loaders = spy(monkeypatch, ab94.CifarLoader, '__init__')
     for sampling in ('reshuffle', 'replacement'):
-        epochs.clear()
-        result = quick_train(ab94, data, entries={'opt.sampling': sampling, 'opt.train_epochs': 3,
-                                                  'net.tta_level': 0})
-        assert result['steps'] == 6 and [len(e) for e in epochs] == [2, 2, 2]
-        counts = [torch.bincount(torch.cat(e), minlength=64) for e in epochs]
-        assert all((c.max() > 1) == (sampling == 'replacement') for c in counts)
-
-
-# The paper's switches, and the values they cannot honour: refused by each script whose hyp has
-# the switch (airbench94_muon's and airbench94_hiverge's: the flip and TTA ones)
-REFUSED = [
-    ('opt.sampling=sometimes', "--hyp opt.sampling takes one of ('reshuffle', 'replacement')"),
-    ('net.whiten=no', '--hyp net.whiten takes one of (True, False)'),
-    ('net.identity_init=2', '--hyp net.identity_init takes one of (True, False)'),
-    ('opt.lookahead_every=-5', '--hyp opt.lookahead_every takes a whole number from 0 to inf'),
-    ('opt.lookahead_every=2.5', '--hyp opt.lookahead_every takes a whole number from 0 to inf'),
-    ('opt.lookahead_every=often', '--hyp opt.lookahead_every takes a whole number from 0 to inf'),
-    ('aug.flip=sideways', "--hyp aug.flip takes one of ('alternating', 'random', 'none')"),
-    ('net.tta_level=3', '--hyp net.tta_level takes one of (0, 1, 2)'),
-]
-
-
-@pytest.mark.parametrize('name', ALL_SCRIPTS)
-def test_values_a_switch_cannot_honour_are_refused(name):
-    script = load_script(name)
-    keys = {f'{group}.{key}' for group, entries in script.hyp.items() for key in entries}
-    refused = [(setting, message) for setting, message in REFUSED
-               if setting.partition('=')[0] in keys]
-    assert len(refused) >= 2
-    for setting, message in refused:
-        with pytest.raises(StudyError, match=re.escape(message)):
-            study_hyp(script, [setting])
-
-
-def test_every_switch_value_is_accepted(ab94):
-    settings = ['net.whiten=False', 'net.identity_init=False', 'opt.bias_scaler=1',
-                'opt.lookahead_every=0', 'opt.sampling=replacement', 'aug.flip=random',
-                'net.tta_level=1']
-    run_hyp = study_hyp(ab94, settings)
-    assert run_hyp['net'] == {**ab94.hyp['net'], 'whiten': False, 'identity_init': False,
-                              'tta_level': 1}
-    assert run_hyp['opt'] == {**ab94.hyp['opt'], 'bias_scaler': 1, 'lookahead_every': 0,
-                              'sampling': 'replacement'}
-    assert run_hyp['aug'] == {**ab94.hyp['aug'], 'flip': 'random'}
+        run(ab94, entries={'opt.sampling': sampling, 'opt.train_epochs': 1})
+        assert loaders[-1][0].sampling == sampling
 
 
 def test_validation_checks_only_the_keys_a_scripts_hyp_has(ab94):
-    """study.py checks every script by its rules; a script without some switch that its rules
-    name (the Muon one has no Lookahead) must still run."""
+    """A script without some switch that the rules name (airbench94_muon: Lookahead) still runs."""
     bare = copy.deepcopy(ab94.hyp)
     for group, key in (('opt', 'sampling'), ('opt', 'lookahead_every'), ('net', 'whiten'),
                        ('net', 'identity_init')):
@@ -305,8 +220,7 @@ def test_validation_checks_only_the_keys_a_scripts_hyp_has(ab94):
 
 
 def test_airbench94_hiverges_switches_tta_fraction_and_jitter(monkeypatch):
-    """airbench94_hiverge's own switches: net.tta_fraction 0 is plain evaluation (each test image
-    evaluated once), aug.brightness and aug.contrast 0 turn the jitter off."""
+    """net.tta_fraction 0 is plain evaluation; aug.brightness and aug.contrast 0, no jitter."""
     hiverge = load_script('airbench94_hiverge')
     epochs = spy(monkeypatch, hiverge, 'augmented_images')  # each epoch's augmentation
     net = hiverge.build_net({**hiverge.hyp['net'], 'widths': {'block1': 8, 'block2': 8,

@@ -31,24 +31,21 @@ RAW_HALF_UNIT = 0.00005 / 100  # the raw table's rounding (4 decimals of a perce
 
 
 def accuracies(cutout, tta, flip):
-    """As fractions, which the fits take (percent would raise)."""
+    """As fractions, which the fits take."""
     return [row[flip] / 100 for row in RAW_ACCURACIES[(cutout, tta)]]
-
-
-def speedup_percent(baseline, alternating, epochs):
-    return 100 * effective_speedup(EPOCHS, baseline, epochs, alternating)
 
 
 def rounding_bound(cutout, tta, index):
     """How far (percentage points, to first order, worst case) the raw table's rounding alone can
-    move a recomputed speedup: each of the 5 accuracies it uses moved by half a unit. The
-    80-epoch extrapolations are the most sensitive (up to 0.8 points)."""
+    move a recomputed speedup: each of the 5 accuracies it uses moved by half a unit (up to 0.8
+    points, at 80 epochs)."""
     baseline = np.array(accuracies(cutout, tta, RANDOM))
     alternating = accuracies(cutout, tta, ALTERNATING)[index]
 
     def moved(j, sign):  # accuracy j (4: alternating flip's) moved by half a unit up or down
         shift = sign * RAW_HALF_UNIT * np.eye(5)[j]
-        return speedup_percent(baseline + shift[:4], alternating + shift[4], EPOCHS[index])
+        return 100 * effective_speedup(EPOCHS, baseline + shift[:4], EPOCHS[index],
+                                       alternating + shift[4])
     return sum(abs(moved(j, 1) - moved(j, -1)) / 2 for j in range(5))
 
 

@@ -1,7 +1,6 @@
-"""Studies simulated where the truth is known, for the slow coverage tests (the full tables, with a
-tail of bad runs and other curves, are in docs/studies.md). The noise between runs is airbench94's
-0.15 points, a share CORRELATION of it common to every cell of a run: study.py gives run i of every
-configuration and epoch count the same seeds."""
+"""Studies simulated where the truth is known (the full tables: docs/studies.md). The noise between
+runs is airbench94's 0.15 points, a share CORRELATION of it common to every cell of a run: study.py
+gives run i of every configuration and epoch count the same seeds."""
 import math
 
 import numpy as np
@@ -25,9 +24,8 @@ def noisy(rng, means, runs, correlation=CORRELATION):
 
 def law_a_study(rng, runs, draws, target=None, epochs=None):
     """One study of law A: (study's interval, the former one) of the epochs to `target`, or else
-    of the speedup at `epochs`. The former interval, which the present one must beat, drew each
-    cell's mean alone from its own Student t, as if the cells did not share their runs' seeds; its
-    quantiles are taken as fits takes them (nan draws dropped, an infinite end open: None)."""
+    of the speedup at `epochs`. The former drew each cell's mean alone from its own Student t, as
+    if the cells did not share seeds; its quantiles are taken as fits takes them."""
     truths = 1 - LAW_A.error_at(GRID if target else (*GRID, (1 + SPEEDUP) * epochs))
     cells = list(noisy(rng, truths, runs).T)
     seed = int(rng.integers(1 << 31))
@@ -50,9 +48,8 @@ def law_a_study(rng, runs, draws, target=None, epochs=None):
 
 
 def coverage(study, truth, studies, seed):
-    """Over `studies` studies (study(rng) -> (interval, the former one or None)), per interval:
-    the share that holds the truth (an open end, None, counts as unbounded; no end at all, as a
-    miss) and the mean width of the closed ones: [ours, width, former, former_width]."""
+    """[ours, width, former, former_width] over `studies` studies (study(rng) -> (interval, former
+    or None)): the share holding the truth (an open end: unbounded; no end: a miss), mean width."""
     rng = np.random.default_rng(seed)
     found = []
     for entries in zip(*[study(rng) for _ in range(studies)]):
@@ -65,11 +62,10 @@ def coverage(study, truth, studies, seed):
 
 
 def simulated_halves(runs, temperature, rng, examples=10000, classes=10):
-    """(halves, labels) of a simulated ensemble, without simulating `runs` runs' predictions: each
-    run predicts example i's class from its probabilities pi_i (Dirichlet, 0.15) independently of
-    the others, so a half's votes are one multinomial draw per example. Labels are drawn from
-    pi^temperature, normalized: 1 is calibrated in the limit of many runs, 0.6 makes the labels
-    less certain than the votes (an over-confident ensemble)."""
+    """(halves, labels) of a simulated ensemble: each run predicts example i's class from its
+    probabilities pi_i (Dirichlet, 0.15) independently, so a half's votes are one multinomial draw
+    per example. Labels from pi^temperature, normalized: 1 is calibrated in the limit of many runs,
+    0.6 an over-confident ensemble."""
     probabilities = rng.dirichlet(np.full(classes, 0.15), examples)
     tempered = probabilities ** temperature
     tempered /= tempered.sum(axis=1, keepdims=True)

@@ -1,8 +1,5 @@
-"""studylib.stats.inference on plain arrays: compare against R's published output on Student's
-sleep data and against scipy, target_test and its one-sided bound, equivalence (TOST) and its size
-at the margin by simulation, runs_needed against Cohen's table and simulated power, Holm's
-adjustment, time ratios, and the coverage of the intervals of a mean and of a comparison (the
-scripts have no interval of their own: the mean and its interval are study.py's)."""
+"""studylib.stats.inference against R, scipy and Cohen's table: comparisons, target claims, TOST,
+runs_needed, Holm, time ratios; simulated, TOST's size and the intervals' coverage (slow)."""
 import math
 
 import numpy as np
@@ -13,28 +10,23 @@ import simulated
 import study
 
 # Student's sleep data (Student 1908; R's `sleep`): extra hours of sleep under two drugs, the same
-# 10 patients. R 4.x, t.test(extra ~ group, data = sleep, paired = TRUE): t = -4.0621, df = 9,
-# p-value = 0.002833, 95% CI -2.4598858 -0.7001142, mean difference -1.58; without paired
-# (Welch): t = -1.8608, df = 17.776, p-value = 0.07939, 95% CI -3.3654832 0.2054832.
+# 10 patients. The table below is R 4.x's t.test(extra ~ group, data = sleep, paired = TRUE, or
+# not: Welch), which gives group 1 minus group 2 (here negated: SLEEP_2 minus SLEEP_1).
 SLEEP_1 = [0.7, -1.6, -0.2, -1.2, -0.1, 3.4, 3.7, 0.8, 0.0, 2.0]
 SLEEP_2 = [1.9, 0.8, 1.1, 0.1, -0.1, 4.4, 5.5, 1.6, 4.6, 3.4]
 
 
-def test_paired_comparison_is_rs_on_students_sleep_data():
-    result = study.compare(SLEEP_1, SLEEP_2, paired=True)
-    assert result['test'] == 'paired t-test'
-    assert result['difference'] == pytest.approx(1.58)
-    assert (result['ci_low'], result['ci_high']) == pytest.approx((0.7001142, 2.4598858), abs=1e-7)
-    assert result['p_value'] == pytest.approx(0.002833, abs=5e-7)
-    assert result['correlation'] == pytest.approx(np.corrcoef(SLEEP_1, SLEEP_2)[0, 1])
-
-
-def test_welch_comparison_is_rs_on_students_sleep_data():
-    result = study.compare(SLEEP_1, SLEEP_2)
-    assert result['test'] == "Welch's t-test" and 'correlation' not in result
-    assert (result['ci_low'], result['ci_high']) == pytest.approx((-0.2054832, 3.3654832),
-                                                                  abs=1e-7)
-    assert result['p_value'] == pytest.approx(0.07939, abs=5e-6)
+@pytest.mark.parametrize('paired, test, interval, p_value, digits, correlation', [
+    (True, 'paired t-test', (0.7001142, 2.4598858), 0.002833, 5e-7,
+     np.corrcoef(SLEEP_1, SLEEP_2)[0, 1]),
+    (False, "Welch's t-test", (-0.2054832, 3.3654832), 0.07939, 5e-6, None)])
+def test_comparison_is_rs_on_students_sleep_data(paired, test, interval, p_value, digits,
+                                                 correlation):
+    result = study.compare(SLEEP_1, SLEEP_2, paired=paired)
+    assert result['test'] == test and result['difference'] == pytest.approx(1.58)
+    assert (result['ci_low'], result['ci_high']) == pytest.approx(interval, abs=1e-7)
+    assert result['p_value'] == pytest.approx(p_value, abs=digits)
+    assert result.get('correlation') == pytest.approx(correlation)
 
 
 def test_comparison_agrees_with_scipy_and_its_effect_size_is_d_av():
@@ -52,36 +44,28 @@ def test_comparison_agrees_with_scipy_and_its_effect_size_is_d_av():
         (b.mean() - a[:9].mean()) / math.sqrt((a[:9].var(ddof=1) + b.var(ddof=1)) / 2))
 
 
-def test_comparison_says_why_where_undefined_and_refuses_bad_pairs():
-    assert study.compare([0.9], [0.91, 0.92])['reason'] == 'each side needs at least 2 runs'
-    assert study.compare([0.9, 0.9], [0.9, 0.9])['p_value'] is None
+@pytest.mark.parametrize('test, undefined', [
+    (study.compare, 'p_value'),
+    (lambda a, b, **kwargs: study.equivalence_test(a, b, 0.01, **kwargs), 'equivalent')],
+    ids=['comparison', 'equivalence'])
+def test_says_why_where_undefined_and_refuses_bad_pairs(test, undefined):
+    assert test([0.9], [0.91, 0.92])['reason'] == 'each side needs at least 2 runs'
+    flat = test([0.9, 0.9], [0.9, 0.9])
+    assert flat[undefined] is None and 'no spread' in flat['reason']
     with pytest.raises(ValueError, match='paired samples'):
-        study.compare([0.9, 0.91, 0.92], [0.9, 0.91], paired=True)
+        test([0.9, 0.91, 0.92], [0.9, 0.91], paired=True)
     with pytest.raises(ValueError, match='not finite'):
-        study.compare([0.9, float('nan')], [0.9, 0.91])
+        test([0.9, float('nan')], [0.9, 0.91])
 
 
-def test_target_test_is_scipys_one_sided_t_test():
-    values = [0.9402, 0.9411, 0.9398, 0.9405, 0.9409]
-    result = study.target_test(values, 0.94)
-    scipy_test = stats.ttest_1samp(values, 0.94, alternative='greater')
-    assert result['p_value'] == pytest.approx(scipy_test.pvalue, rel=1e-12)
-    assert result['lower_bound'] == pytest.approx(
-        np.mean(values) - stats.t.ppf(0.95, 4) * stats.sem(values), rel=1e-12)
-    assert result['lower_bound'] == pytest.approx(scipy_test.confidence_interval(0.95).low)
-    assert study.target_test([0.94], 0.94)['reason'] == 'fewer than 2 runs'
-
-
-# Record claims: nine runs about 94.05% and one that diverged at 10%; and ten runs whose
-# two-sided 95% interval [0.93990, 0.94164] holds 0.94 while the one-sided p is 0.038.
+# Record claims: nine runs about 94.05% and one that diverged at 10%; ten runs about 94.08%
 NINE = [0.93947, 0.93986, 0.94011, 0.94037, 0.9405, 0.94063, 0.94082, 0.94121, 0.94153]
 TEN = [0.93876, 0.93943, 0.93983, 0.94037, 0.94077, 0.9409, 0.94117, 0.94157, 0.94224, 0.94265]
 
 
 def test_target_claim_counts_the_diverged_runs():
-    """Without the diverged run p = 0.024, "above 0.94"; a record counts every run it trained, and
-    with it (at the 10% it ended with) p = 0.827. The divergence rate 1 of 10 is given with its
-    Clopper-Pearson interval: the beta quantiles B(0.025; 1, 10) and B(0.975; 2, 9)."""
+    """p = 0.024 without the diverged run; a record counts every run it trained: with it, p =
+    0.827. The rate 1 of 10 has its Clopper-Pearson interval: B(0.025; 1, 10), B(0.975; 2, 9)."""
     assert study.target_test(NINE, 0.94)['p_value'] == pytest.approx(0.024189, abs=1e-6)
     result = study.target_test(NINE, 0.94, diverged=[0.10])
     assert result['p_value'] == pytest.approx(
@@ -95,15 +79,18 @@ def test_target_claim_counts_the_diverged_runs():
     assert not_finite['mean'] == pytest.approx(np.mean(NINE + [0.0]))
 
 
-def test_target_claim_and_its_bound_never_disagree():
-    """Ten runs: mean 0.94077, two-sided 95% interval [0.93990, 0.94164] (it holds
-    0.94) and one-sided p = 0.0387: the bound given with the claim is the one-sided 95% bound,
-    0.94006, above 0.94 as the claim is. Over 400 samples near the target, the bound is above the
-    target exactly when p < 0.05."""
+def test_target_claim_is_scipys_one_sided_t_test_and_its_bound_never_disagrees():
+    """Ten runs whose two-sided 95% interval [0.93990, 0.94164] holds 0.94, one-sided p 0.0387: the
+    bound given is the one-sided one, above 0.94 as the claim is, here and in 400 samples."""
     result = study.target_test(TEN, 0.94)
+    scipy_test = stats.ttest_1samp(TEN, 0.94, alternative='greater')
+    assert result['p_value'] == pytest.approx(scipy_test.pvalue, rel=1e-12)
     assert result['p_value'] == pytest.approx(0.038675, abs=1e-6)
+    assert result['lower_bound'] == pytest.approx(scipy_test.confidence_interval(0.95).low,
+                                                  rel=1e-12)
     assert result['lower_bound'] == pytest.approx(0.9400619, abs=1e-7)
     assert 'ci_low' not in result
+    assert study.target_test([0.94], 0.94)['reason'] == 'fewer than 2 runs'
     rng = np.random.default_rng(4)
     for _ in range(400):
         result = study.target_test(0.9405 + rng.normal(0, 0.0015, 8), 0.94)
@@ -111,9 +98,9 @@ def test_target_claim_and_its_bound_never_disagree():
 
 
 def test_five_target_claims_need_holms_adjustment():
-    """Five configurations truly at the target, 10 runs each (20,000 simulated studies, standard
-    error 0.3 points): one at least reads "above" 22.6% of the time at 5% each
-    (1 - 0.95^5 = 22.6%); with Holm's adjustment over the five, at most 5%."""
+    """Five configurations truly at the target, 10 runs each, 20,000 simulated studies (standard
+    error 0.3 points): one at least reads "above" 1 - 0.95^5 = 22.6% of the time; with Holm's
+    adjustment over the five, at most 5%."""
     rng = np.random.default_rng(5)
     values = 0.94 + rng.normal(0, 0.0015, (20000, 5, 10))
     p = stats.ttest_1samp(values, 0.94, axis=2, alternative='greater').pvalue
@@ -122,54 +109,50 @@ def test_five_target_claims_need_holms_adjustment():
     assert np.mean((adjusted < 0.05).any(axis=1)) <= 0.05 + 0.005
 
 
-def welch_by_hand(a, b, shift):
-    """Welch's t statistic of mean(b) - mean(a) - shift and its Satterthwaite degrees of freedom."""
+def by_hand(a, b, paired):
+    """The difference b - a, its standard error and degrees of freedom: paired, or Welch's."""
+    if paired:
+        differences = np.subtract(b, a)
+        return differences.mean(), differences.std(ddof=1) / math.sqrt(len(a)), len(a) - 1
     va = np.var(a, ddof=1) / len(a)
     vb = np.var(b, ddof=1) / len(b)
     freedom = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
-    return (np.mean(b) - np.mean(a) - shift) / math.sqrt(va + vb), freedom
+    return np.mean(b) - np.mean(a), math.sqrt(va + vb), freedom
 
 
-def test_equivalence_is_two_one_sided_t_tests():
-    """Welch: each one-sided p from the t distribution by hand at the shifted means, the 90%
-    interval mean difference +- t(0.95) * se; equivalence exactly when that interval lies inside
-    the margin."""
-    a = [0.9410, 0.9395, 0.9402, 0.9421, 0.9388, 0.9407]
-    b = [0.9415, 0.9401, 0.9398, 0.9409, 0.9412]
-    result = study.equivalence_test(a, b, 0.002)
-    t_low, freedom = welch_by_hand(a, b, -0.002)
-    t_high, _ = welch_by_hand(a, b, 0.002)
-    assert result['p_lower'] == pytest.approx(stats.t.sf(t_low, freedom), rel=1e-10)
-    assert result['p_upper'] == pytest.approx(stats.t.cdf(t_high, freedom), rel=1e-10)
+A = [0.9410, 0.9395, 0.9402, 0.9421, 0.9388, 0.9407]
+B = [0.9415, 0.9401, 0.9398, 0.9409, 0.9412]
+
+
+@pytest.mark.parametrize('a, b, margin, paired, test, equivalent', [
+    (A, B, 0.002, False, "Welch's TOST", True), (A, B, 0.0005, False, "Welch's TOST", False),
+    (SLEEP_1, SLEEP_2, 2.0, True, 'paired TOST', False)])  # sleep: mean difference 1.58 hours
+def test_equivalence_is_two_one_sided_t_tests(a, b, margin, paired, test, equivalent):
+    """Each one-sided p by hand at the shifted means, p the larger one; the 90% interval:
+    difference +- t(0.95) * se; equivalence exactly when it lies inside the margin."""
+    result = study.equivalence_test(a, b, margin, paired=paired)
+    difference, se, freedom = by_hand(a, b, paired)
+    assert (result['p_lower'], result['p_upper']) == pytest.approx(
+        (stats.t.sf((difference + margin) / se, freedom),
+         stats.t.cdf((difference - margin) / se, freedom)), rel=1e-10)
     assert result['p_value'] == max(result['p_lower'], result['p_upper'])
-    se = math.sqrt(np.var(a, ddof=1) / 6 + np.var(b, ddof=1) / 5)
     half = stats.t.ppf(0.95, freedom) * se
-    difference = np.mean(b) - np.mean(a)
     assert (result['ci_low'], result['ci_high']) == pytest.approx((difference - half,
                                                                    difference + half))
-    assert result['equivalent'] and result['ci_high'] < 0.002 and result['confidence'] == 0.9
-    narrow = study.equivalence_test(a, b, 0.0005)
-    assert not narrow['equivalent'] and narrow['ci_high'] > 0.0005
+    assert (result['test'], result['equivalent'], result['confidence']) == (test, equivalent, 0.9)
+    assert (-margin < result['ci_low'] and result['ci_high'] < margin) == equivalent
 
 
-def test_paired_equivalence_on_students_sleep_data():
-    """Differences of Student's sleep data: mean 1.58, sd 1.2300, 9 degrees of freedom. Within a
-    margin of 2 hours: t = (1.58 + 2) / se and (1.58 - 2) / se; p is the larger one-sided p."""
-    se = np.std(np.subtract(SLEEP_2, SLEEP_1), ddof=1) / math.sqrt(10)
-    result = study.equivalence_test(SLEEP_1, SLEEP_2, 2.0, paired=True)
-    assert result['p_lower'] == pytest.approx(stats.t.sf((1.58 + 2) / se, 9), rel=1e-9)
-    assert result['p_upper'] == pytest.approx(stats.t.cdf((1.58 - 2) / se, 9), rel=1e-9)
-    assert result['p_value'] == pytest.approx(stats.t.cdf((1.58 - 2) / se, 9), rel=1e-9)
-    assert (result['ci_low'], result['ci_high']) == pytest.approx(
-        (1.58 - stats.t.ppf(0.95, 9) * se, 1.58 + stats.t.ppf(0.95, 9) * se))
-    assert result['test'] == 'paired TOST' and result['equivalent'] is False
-
-
-def test_equivalence_of_times_is_on_log_seconds():
-    """ratio=True: the same tests on log seconds, within [1/1.05, 1.05]; the ratio and its
-    interval are of geometric means."""
+def test_times_are_compared_on_log_seconds():
+    """Their ratio is that of geometric means, its interval Welch's on log seconds; ratio=True
+    makes the same equivalence tests on log seconds, within [1/1.05, 1.05]."""
     a = [2.039, 2.039, 2.149, 2.266, 2.044]
     b = [2.074, 2.065, 2.007, 2.003, 2.037]
+    ratio = study.time_ratio(a, b)
+    assert ratio['ratio'] == pytest.approx(stats.gmean(b) / stats.gmean(a))
+    interval = stats.ttest_ind(np.log(b), np.log(a), equal_var=False).confidence_interval()
+    assert (ratio['ci_low'], ratio['ci_high']) == pytest.approx(np.exp([interval.low,
+                                                                        interval.high]))
     result = study.equivalence_test(a, b, 1.05, ratio=True)
     logs = study.equivalence_test(np.log(a), np.log(b), math.log(1.05))
     assert result['p_value'] == pytest.approx(logs['p_value'], rel=1e-12)
@@ -186,10 +169,9 @@ def test_equivalence_of_times_is_on_log_seconds():
 @pytest.mark.slow
 @pytest.mark.parametrize('paired', [False, True])
 def test_equivalence_size_at_the_margin_is_at_most_alpha(paired):
-    """A true difference exactly at the margin (0.1 points, 0.67 of the runs' std), 25 runs each
-    (4000 simulated studies, standard error 0.34 points): equivalence is claimed at most 5% of the
-    time (measured 4.2% Welch, 4.9% paired; at 5 runs TOST is far more conservative, 0.3% and
-    2.3%, as its 90% interval is then wider than the margin's range)."""
+    """A true difference exactly at the margin (0.67 of the runs' std), 25 runs each, 4000
+    simulated studies (standard error 0.34 points): equivalence is claimed at most 5% of the time
+    (measured 4.2% Welch, 4.9% paired)."""
     rng = np.random.default_rng(6)
     claimed = 0
     for _ in range(4000):
@@ -199,27 +181,6 @@ def test_equivalence_size_at_the_margin_is_at_most_alpha(paired):
         b = 0.941 + shared + rng.normal(0, own, 25)
         claimed += study.equivalence_test(a, b, 0.001, paired=paired)['equivalent']
     assert 0.035 <= claimed / 4000 <= 0.05 + 0.007
-
-
-def test_equivalence_says_why_where_undefined():
-    assert study.equivalence_test([0.9], [0.91, 0.92], 0.01)['reason'] == \
-        'each side needs at least 2 runs'
-    flat = study.equivalence_test([0.9, 0.9], [0.9, 0.9], 0.01)
-    assert flat['equivalent'] is None and 'no spread' in flat['reason']
-    with pytest.raises(ValueError, match='paired samples'):
-        study.equivalence_test([0.9, 0.91, 0.92], [0.9, 0.91], 0.01, paired=True)
-
-
-def test_runs_needed_reproduces_cohens_table():
-    """Cohen (1988), table 2.4.1: two-sided t-test at 5%, power 0.80, n per group 393 for d = 0.2,
-    64 for d = 0.5, 26 for d = 0.8 (his values rounded from the normal approximation give 393;
-    the exact noncentral t gives 394). Paired with correlation 0.5: the differences' std equals the
-    runs', so d_z = 0.5 needs 34 pairs (G*Power 3)."""
-    assert [study.runs_needed(1.0, d) for d in (0.2, 0.5, 0.8)] == [394, 64, 26]
-    assert study.runs_needed(1.0, 0.5, paired=True, correlation=0.5) == 34
-    assert study.runs_needed(0.15, 0.08) == 57  # "about 55 per arm", as a planner rounds it
-    with pytest.raises(ValueError, match='positive std'):
-        study.runs_needed(0, 0.1)
 
 
 @pytest.mark.parametrize('paired', [False, True])
@@ -242,48 +203,39 @@ def test_power_is_that_of_simulated_studies(paired):
     assert np.mean(p < 0.05) == pytest.approx(expected, abs=0.025)
 
 
-def test_holm_adjustment_by_hand():
-    """m = 4 defined p-values: sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1 = 0.02, 0.03, 0.06,
-    0.04, made non-decreasing: 0.02, 0.03, 0.06, 0.06."""
-    assert study.holm([0.01, 0.04, 0.03, None, 0.005]) == pytest.approx(
-        [0.03, 0.06, 0.06, None, 0.02])
+@pytest.mark.parametrize('p_values, adjusted', [
+    # sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1, made non-decreasing
+    ([0.01, 0.04, 0.03, None, 0.005], [0.03, 0.06, 0.06, None, 0.02]),
+    # an undefined test (None, or NaN) is no member of the family: 0.01 * 2, max(0.02, 0.04 * 1)
+    ([0.01, float('nan'), 0.04], [0.02, float('nan'), 0.04]),
+    ([None, 0.04, float('nan')], [None, 0.04, float('nan')])])
+def test_holm_adjustment_by_hand(p_values, adjusted):
+    assert study.holm(p_values) == pytest.approx(adjusted, nan_ok=True)
 
 
-def test_holm_leaves_undefined_p_values_out_of_the_family():
-    """A NaN p-value (a test that could not be made) is not a member of the family: the two
-    defined ones are adjusted as a family of 2 (0.01 * 2, then max(0.02, 0.04 * 1)), and the NaN
-    stays NaN where None stays None. Before: [0.03, 1.0, 1.0] (NaN counted, and sorted last)."""
-    adjusted = study.holm([0.01, float('nan'), 0.04])
-    assert adjusted[0] == pytest.approx(0.02) and adjusted[2] == pytest.approx(0.04)
-    assert math.isnan(adjusted[1])
-    assert study.holm([None, 0.04, float('nan')])[0] is None
+@pytest.mark.parametrize('std, difference, options, runs', [
+    (1.0, 0.2, {}, 394), (1.0, 0.5, {}, 64), (1.0, 0.8, {}, 26),
+    (1.0, 0.5, dict(paired=True, correlation=0.5), 34),
+    (0.15, 0.08, {}, 57),  # "about 55 per arm", as a planner rounds it
+    (1.0, 2.0, {}, 6), (1.0, 40.0, {}, 2), (1.0, 10, {}, 2),
+    (1.0, 10, dict(paired=True, correlation=0.5), 3)])
+def test_runs_needed_are_the_fewest_with_80_percent_power(std, difference, options, runs):
+    """Cohen (1988), table 2.4.1, two-sided at 5%: 393 (his normal approximation; the noncentral t
+    gives 394), 64, 26. Paired with correlation 0.5, d_z = 0.5 needs 34 pairs (G*Power 3). 10
+    standard deviations: 2 runs, or 3 pairs (2 pairs have 1 degree of freedom: power 0.733)."""
+    assert study.runs_needed(std, difference, **options) == runs
+    assert study.statistical_power(runs, std, difference, **options) >= 0.8
+    assert runs == 2 or study.statistical_power(runs - 1, std, difference, **options) < 0.8
 
 
-def test_runs_needed_when_the_difference_is_many_standard_deviations():
-    """A difference of 10 standard deviations: at 2 runs per configuration (2 degrees of freedom)
-    the two-sided t-test's power is 0.9927 (scipy.stats.nct), so 2 runs suffice. scipy's nct.cdf
-    of the lower tail is NaN at 3 and 4 runs (a noncentrality of 12 to 14), which the search read
-    as "not enough" and answered 4; the lower tail is taken as the upper tail of -shift."""
+def test_power_when_the_difference_is_many_standard_deviations():
+    """0.9927 at 2 runs (scipy.stats.nct); scipy's nct.cdf of the lower tail is NaN at 3 and 4 runs
+    (a noncentrality of 12 to 14): it is taken as the upper tail of -shift."""
     assert study.statistical_power(2, 1.0, 10) == pytest.approx(0.992746660, abs=1e-9)
     for runs in (3, 4, 5, 50):
         assert study.statistical_power(runs, 1.0, 10) == pytest.approx(1.0, abs=1e-9)
-    assert study.runs_needed(1, 10) == 2
-    # paired, 2 pairs: 1 degree of freedom, power 0.733 (nct.sf); 3 pairs: 0.9999996
-    assert study.runs_needed(1, 10, paired=True, correlation=0.5) == 3
-    for d in (0.2, 0.5, 0.8, 2.0, 40.0):  # a monotone answer over a wide range of differences
-        runs = study.runs_needed(1.0, d)
-        assert study.statistical_power(runs, 1.0, d) >= 0.8
-        assert runs == 2 or study.statistical_power(runs - 1, 1.0, d) < 0.8
-
-
-def test_time_ratio_is_the_ratio_of_geometric_means():
-    a = [3.0, 3.2, 3.1]
-    b = [2.4, 2.5, 2.6]
-    result = study.time_ratio(a, b)
-    assert result['ratio'] == pytest.approx(stats.gmean(b) / stats.gmean(a))
-    interval = stats.ttest_ind(np.log(b), np.log(a), equal_var=False).confidence_interval()
-    assert (result['ci_low'], result['ci_high']) == pytest.approx(np.exp([interval.low,
-                                                                          interval.high]))
+    with pytest.raises(ValueError, match='positive std'):
+        study.runs_needed(0, 0.1)
 
 
 @pytest.mark.slow
@@ -296,6 +248,5 @@ def test_time_ratio_is_the_ratio_of_geometric_means():
     ids=['mean', 'Welch', 'paired', 'target claim: one-sided lower bound'])
 def test_mean_and_comparison_intervals_cover(truth, interval):
     """Student-t intervals on normal noise: 95% by construction; 1000 simulated studies at n = 3
-    (standard error 0.7 points): allowed 92.5% (measured 94.5%, 96.0%, 95.5%, 93.6%). Slow: 1 to
-    5 s each, scipy's overhead in every call."""
+    (standard error 0.7 points): allowed 92.5% (measured 94.5%, 96.0%, 95.5%, 93.6%)."""
     assert simulated.coverage(lambda rng: (interval(rng), None), truth, 1000, seed=3)[0] >= 0.925

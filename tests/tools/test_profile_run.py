@@ -1,6 +1,5 @@
-"""tools/profile_run.py: a synthetic Chrome trace as kineto writes them (CUDA-graph launches whose
-kernels carry their correlation ids; exact busy and idle time; the figures declared incomplete
-where work is missing), a CPU profile of airbench94; slow: the command line, airbench94_hiverge."""
+"""tools/profile_run.py: synthetic Chrome traces as kineto writes them (CUDA-graph launches, busy
+and idle time, incomplete figures), a CPU profile of airbench94; slow: the command line."""
 import json
 import subprocess
 import sys
@@ -11,14 +10,13 @@ import torch
 
 from conftest import REPO, write_image_folder
 
-import profile_run  # noqa: E402
+import profile_run
 
 TINY = ['--device', 'cpu', '--epochs', '1', '--hyp', 'opt.batch_size=32',
         '--hyp', "net.widths={'block1': 8, 'block2': 16, 'block3': 16}"]
 
 
-def test_kernel_kinds_from_their_names():
-    """The kinds of names the synthetic trace below lacks."""
+def test_kernel_kinds_from_their_names():  # those of names the synthetic trace below lacks
     kinds = {('Memcpy HtoD (Pageable -> Device)', 'gpu_memcpy'): 'copy/memset',
              ('triton_tem_fused_convolution_0', 'kernel'): 'matmul/conv',
              ('void at::native::elementwise_kernel<4, FillFunctor<c10::Half>>', 'kernel'):

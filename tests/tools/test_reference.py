@@ -1,6 +1,5 @@
-"""tools/reference.py on a stand-in for a published script: CUDA-only as they are written (.cuda(),
-.half(), torch.compile, CUDA events, ./cifar10/*.pt, a main block of range(25) runs); the tool runs
-it on the CPU in our precision, with --runs runs, --epochs and a warmup as documented."""
+"""tools/reference.py on stand-ins for the published scripts, CUDA-only as written: run on the CPU
+in our precision, with --runs, --epochs, a warmup and --seed as documented."""
 import json
 import os
 import subprocess
@@ -10,7 +9,10 @@ import pytest
 
 from conftest import REPO
 
-STAND_IN = '''
+# What every published script has: it reads its own source, and prints each run's details (here
+# with draws from torch's and Python's generators, which the published scripts leave unseeded)
+PUBLISHED = '''
+import random
 import sys
 from math import ceil
 import torch
@@ -18,13 +20,17 @@ from torch import nn
 
 with open(sys.argv[0]) as f:
     code = f.read()
+
+def print_training_details(variables, is_final_entry):
+    print('final' if is_final_entry else 'epoch', variables['run'])
+    print('draws', torch.rand(1).item(), random.random())
+'''
+# The paper's: hyp, .half().cuda(), torch.compile, CUDA events, ./cifar10/*.pt, range(25) runs
+AIRBENCH94 = PUBLISHED + '''
 hyp = {'opt': {'train_epochs': 9.9}}
 
 def make_net():
     return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 4)).half().cuda()
-
-def print_training_details(variables, is_final_entry):
-    print('final' if is_final_entry else 'epoch', variables['run'])
 
 def main(run, model):
     data = torch.load('cifar10/train.pt', map_location='cuda')
@@ -51,49 +57,9 @@ if __name__ == '__main__':
     model = torch.compile(make_net(), mode='max-autotune')
     accs = torch.tensor([main(run, model) for run in range(25)])
 '''
-
-
-def run_tool(script, data_dir, workdir, *flags):
-    return subprocess.run([sys.executable, os.path.join(REPO, 'tools', 'reference.py'), script,
-                           '--data-dir', data_dir, '--workdir', workdir, *flags],
-                          capture_output=True, text=True, timeout=300)
-
-
-@pytest.mark.slow
-def test_a_cuda_only_script_runs_on_the_cpu_in_our_precision(image_folder, tmp_path):
-    script = tmp_path / 'published.py'
-    script.write_text(STAND_IN)
-    result = run_tool(str(script), image_folder, str(tmp_path / 'work'), '--runs', '2',
-                      '--epochs', '2', '--precision', 'bf16')
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
-    # fp32 weights, bf16 autocast returning fp32 logits, 4 steps for 2 epochs, a warmup first
-    assert lines.count('weights torch.float32 outputs torch.float32 steps 4') == 3
-    assert [line for line in lines if line.startswith('final')] == [
-        'final warmup', 'final 0', 'final 1']
-    runs = [json.loads(line) for line in lines if line.startswith('{"run"')]
-    assert [run['run'] for run in runs] == [0, 1]
-    assert all(run['timed_seconds'] > 0 and 0 <= run['tta_acc'] <= 1 for run in runs)
-    summary = json.loads(lines[-1])
-    assert summary['runs'] == 2 and summary['epochs'] == 2 and summary['warmup']
-    assert summary['precision'] == 'bf16'
-    assert summary['mean_tta_acc'] == sum(run['tta_acc'] for run in runs) / 2
-    result = run_tool(str(script), image_folder, str(tmp_path / 'work'), '--no-warmup')
-    assert [line for line in result.stdout.splitlines() if line.startswith('final')] == ['final 0']
-    assert 'steps 20' in result.stdout  # hyp's 9.9 epochs
-
-
-# The shape of hiverge's published script: no hyp (its schedule in total_train_steps), tensors made
-# with device='cuda', a network whose forward takes a second argument, its own warmup call
-HIVERGE_STAND_IN = '''
-import sys
-from math import ceil
-import torch
-from torch import nn
-
-with open(sys.argv[0]) as f:
-    code = f.read()
-
+# hiverge's: no hyp (its schedule in total_train_steps), tensors made with device='cuda', a
+# network whose forward takes a second argument, its own warmup call
+HIVERGE = PUBLISHED + '''
 class CifarNet(nn.Module):
     def __init__(self):
         super().__init__()
@@ -103,9 +69,6 @@ class CifarNet(nn.Module):
 
     def forward(self, x, whiten_bias_grad=True):
         return self.head(x.flatten(1))
-
-def print_training_details(variables, is_final_entry):
-    print('final' if is_final_entry else 'epoch', variables['run'])
 
 def main(run, model):
     data = torch.load('cifar10/train.pt', map_location=torch.device('cuda'), weights_only=True)
@@ -137,57 +100,54 @@ if __name__ == '__main__':
 '''
 
 
-@pytest.mark.slow
-def test_a_script_without_hyp_making_cuda_tensors_runs_with_its_schedule_fitted(image_folder,
-                                                                                tmp_path):
+def run_tool(source, data_dir, tmp_path, *flags):
+    """The lines the tool prints running this stand-in, which must succeed."""
     script = tmp_path / 'published.py'
-    script.write_text(HIVERGE_STAND_IN)
-    result = run_tool(str(script), image_folder, str(tmp_path / 'work'), '--runs', '2',
-                      '--epochs', '2', '--precision', 'bf16')
+    script.write_text(source)
+    result = subprocess.run([sys.executable, os.path.join(REPO, 'tools', 'reference.py'),
+                             str(script), '--data-dir', data_dir, '--workdir',
+                             str(tmp_path / 'work'), *flags],
+                            capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
-    # 2 epochs of 2 batches; the whitening bias's 0.2 epochs untouched; its own warmup, once
-    assert lines.count('steps 4 1 order cpu outputs torch.float32') == 3
-    assert [line for line in lines if line.startswith('final')] == ['final warmup', 'final 1',
-                                                                   'final 2']
-    result = run_tool(str(script), image_folder, str(tmp_path / 'work'), '--no-warmup')
-    assert [line for line in result.stdout.splitlines() if line.startswith('final')] == ['final 1']
-    assert 'steps 16 1 order cpu' in result.stdout  # its 7.65 epochs
+    return result.stdout.splitlines()
 
 
-# Draws from torch's and Python's generators, as the published scripts make them unseeded
-DRAWING_STAND_IN = '''
-import random
-import torch
-from torch import nn
+def starting(lines, word):
+    return [line for line in lines if line.startswith(word)]
 
-def make_net():
-    return nn.Linear(2, 2).cuda()
 
-def print_training_details(variables, is_final_entry):
-    pass
-
-def main(run, model):
-    total_time_seconds, tta_val_acc = 1.0, 0.5
-    print('draws', torch.rand(1).item(), random.random())
-    print_training_details(locals(), is_final_entry=True)
-
-if __name__ == '__main__':
-    model = make_net()
-    for run in range(25):
-        main(run, model)
-'''
+@pytest.mark.slow
+@pytest.mark.parametrize('source, fitted, finals, unfitted', [
+    # fp32 weights and logits (bf16 autocast), 4 steps in 2 epochs, a warmup; unfitted, hyp's 9.9
+    (AIRBENCH94, 'weights torch.float32 outputs torch.float32 steps 4',
+     ['final warmup', 'final 0', 'final 1'],
+     'weights torch.float32 outputs torch.float32 steps 20'),
+    # 2 epochs of 2 batches (the bias's 0.2 epochs kept), its own warmup, once; unfitted, 7.65
+    (HIVERGE, 'steps 4 1 order cpu outputs torch.float32', ['final warmup', 'final 1', 'final 2'],
+     'steps 16 1 order cpu outputs torch.float32')], ids=['paper', 'hiverge'])
+def test_a_cuda_only_script_runs_on_the_cpu_in_our_precision_and_schedule(
+        source, fitted, finals, unfitted, image_folder, tmp_path):
+    lines = run_tool(source, image_folder, tmp_path, '--runs', '2', '--epochs', '2',
+                     '--precision', 'bf16')
+    assert lines.count(fitted) == 3
+    assert starting(lines, 'final') == finals
+    runs = [json.loads(line) for line in starting(lines, '{"run"')]
+    assert [run['run'] for run in runs] == [0, 1]
+    assert all(run['timed_seconds'] > 0 and 0 <= run['tta_acc'] <= 1 for run in runs)
+    summary = json.loads(lines[-1])
+    assert summary['runs'] == 2 and summary['epochs'] == 2 and summary['precision'] == 'bf16'
+    assert summary['warmup'] == (source is AIRBENCH94)  # the tool's: hiverge calls its own
+    assert summary['mean_tta_acc'] == sum(run['tta_acc'] for run in runs) / 2
+    lines = run_tool(source, image_folder, tmp_path, '--no-warmup')
+    assert starting(lines, 'final') == finals[1:2]
+    assert unfitted in lines
 
 
 @pytest.mark.slow
 def test_seed_sets_the_draws_of_a_script_that_seeds_nothing(image_folder, tmp_path):
-    script = tmp_path / 'published.py'
-    script.write_text(DRAWING_STAND_IN)
     def draws(*flags):
-        result = run_tool(str(script), image_folder, str(tmp_path / 'work'), '--no-warmup', *flags)
-        assert result.returncode == 0, result.stderr
-        lines = result.stdout.splitlines()
-        return [line for line in lines if line.startswith('draws')], json.loads(lines[-1])['seed']
+        lines = run_tool(AIRBENCH94, image_folder, tmp_path, '--no-warmup', '--epochs', '1', *flags)
+        return starting(lines, 'draws'), json.loads(lines[-1])['seed']
     first, seed = draws('--seed', '1')
     assert seed == 1 and draws('--seed', '1')[0] == first
     assert draws('--seed', '2')[0] != first
