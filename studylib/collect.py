@@ -89,6 +89,16 @@ class Collector:
         if ranks:
             write_compiles(self.study_dir, self.launch, self.compile_records)
 
+    def awaits_compiles(self, liveness):
+        """Whether a live process has still to publish its CompileRecords (it does after its
+        warmups, which may end after the last run): rank 0 ends the launch once none has, so that
+        compiles/LAUNCH.json holds every process's warmups."""
+        self.collect_compiles()
+        members = [rank for rank in range(self.world_size) if rank not in self.compiles_from and
+                   self.store.check(f'member/{rank}')]
+        return any(not liveness.lost(self.store.get(f'member/{rank}').decode())
+                   for rank in members)
+
     def collect(self):
         """Write every record published so far; the number written."""
         self.collect_compiles()

@@ -86,18 +86,18 @@ def work(request, world, plan, runner, collector):
     the records between its runs."""
     queue = Queue(world, len(plan.jobs), request.lost_after)
     broken = BrokenDevice()
-    rank0 = Liveness(world.store, request.lost_after)
+    liveness = Liveness(world.store, request.lost_after)
     while True:
         claimed = queue.claim()
         if claimed is None:
             if collector is not None:
                 collector.collect()
-                if collector.all_done():
+                if collector.all_done() and not collector.awaits_compiles(liveness):
                     world.store.set('finished', '1')
                     return
             elif queue.finished():
                 return
-            elif world.store.check('member/0') and rank0.lost(
+            elif world.store.check('member/0') and liveness.lost(
                     world.store.get('member/0').decode()):
                 raise RunsFailed(f'rank 0 has sent no heartbeat for {request.lost_after:g} s: the '
                                  'records of this launch are written by rank 0 alone; run the '
