@@ -1,11 +1,9 @@
-"""A study's analyses, from its table of runs (load_study) and what study.json says of its
-configurations: each configuration's accuracy and times, the comparisons between configurations,
-epochs to a target and effective speedups over an epoch grid, and variance and calibration from
-saved logits. The statistics themselves are studylib.stats' (inference, fits and
-variance); this module chooses what to compare and how.
+"""A study's analyses, from its table of runs (load_study) and study.json's configurations: each
+configuration's accuracy and times, the comparisons, epochs to a target and effective speedups
+over an epoch grid. The statistics are studylib.stats'; this module chooses what to compare and how.
 
-Every analysis returns what it found, or {'reason': why it is not there}: no analysis raises for
-data that admit no answer (a flat curve, a diverged configuration, a single epoch count).
+Every analysis returns what it found, or {'reason': why it is not there}: none raises for data
+that admit no answer (a flat curve, a diverged configuration, a single epoch count).
 """
 import math
 import traceback
@@ -62,9 +60,8 @@ def time_by_device(runs):
 
 
 def between_runs(runs):
-    """The engine's time between runs, per launch: for each process (launch, rank), the seconds
-    from one run's finish to the next run's start, and each run's seconds from start to finish;
-    the fraction is their means' ratio. Records without a start (older) are left out."""
+    """The engine's time between runs, per launch: the mean gap from a run's finish to the next
+    start of the same process, the mean run, their ratio; older records (no start) left out."""
     if not len(runs) or 'started' not in runs:
         return {}
     timed = runs.dropna(subset=['started']).assign(
@@ -85,11 +82,9 @@ def between_runs(runs):
 
 
 def compile_costs(records):
-    """What compiling cost a launch, from its CompileRecords: per configuration and stage (its own
-    process before the runs; the processes' warmups), the processes, their seconds (mean and
-    largest), the graphs dynamo traced (the most in one process), inductor's graphs compiled anew
-    and loaded from its cache (over all the processes) and how each process's stage went (cache,
-    compiled, eager, failed: studylib.records.CompileRecord.came_from)."""
+    """What compiling cost a launch, per configuration and CompileRecord.stage: the processes,
+    their seconds (mean, largest), the graphs dynamo traced (the most in one process), inductor's
+    compiled and from_cache (summed) and how each process's stage went (CompileRecord.came_from)."""
     if not records:
         return []
     table = pd.DataFrame([dict(record.to_json(), came_from=record.came_from())
@@ -114,9 +109,8 @@ def diverged_accuracies(runs, config):
 
 
 def config_summary(runs, name, config, failures):
-    """One configuration: its accuracies described (diverged runs counted and left out of the
-    description; the target claims count them), its TTA, its times per device model and its
-    failed runs (failures: the RUN.failed.json of each, whose last try's error is shown)."""
+    """One configuration: its accuracies described (diverged runs left out; the target claims
+    count them), TTA, times per device model and failed runs (failures: each RUN.failed.json)."""
     mine, diverged = finished(runs, name)
     accuracies = list(mine['accuracy']) if len(mine) else []
     return dict(inference.describe(accuracies), diverged=diverged, tta=tta_of(config.hyp),
@@ -157,9 +151,8 @@ def target_claims(runs, configs, target):
 
 
 def comparison_pairs(configs):
-    """(configuration, its baseline) for every comparison of the study: each configuration against
-    the first configuration at the same grid point; in a study of one configuration over grids,
-    each grid point against the first."""
+    """(configuration, its baseline) of every comparison: each configuration against the first at
+    the same grid point; in a one-configuration study over grids, each point against the first."""
     names = list(configs)
     bases = list(dict.fromkeys(config.base for config in configs.values()))
     if len(bases) == 1:
@@ -176,9 +169,8 @@ def comparison_pairs(configs):
 
 
 def paired_runs(mine, theirs):
-    """The runs of two configurations that share their run number and every seed (study.py gives
-    run i of every configuration the same seeds): {run: (baseline's accuracy, config's)}, and
-    whether the design pairs them (every shared run has the same seeds)."""
+    """{run: (baseline's accuracy, config's)} of the runs two configurations share, and whether
+    the design pairs them (every shared run has the same seeds, as study.py gives them)."""
     seeds = [column for column in mine.columns if column.startswith('seed_')]
     ours = mine.set_index('run')
     base = theirs.set_index('run')
@@ -190,10 +182,8 @@ def paired_runs(mine, theirs):
 
 def compare_configs(runs, config, baseline, resolve, margin=None, time_margin=None):
     """config against baseline: the test the design calls for (paired over runs with the same
-    seeds, else Welch), the other test (for summary.json only), with --resolve the runs that
-    resolve a difference fixed in advance, the ratio of their times per device model, and with a
-    margin the equivalence tests (TOST) of accuracy (margin in points) and of time per device
-    model (time_margin, a ratio)."""
+    seeds, else Welch) and the other (summary.json only), time ratios per device model, the runs
+    to resolve `resolve`, and the TOSTs of accuracy (margin, points) and time (time_margin)."""
     mine, _ = finished(runs, config)
     theirs, _ = finished(runs, baseline)
     pairs, paired = paired_runs(mine, theirs)
@@ -221,10 +211,9 @@ def compare_configs(runs, config, baseline, resolve, margin=None, time_margin=No
 
 
 def plan_runs(std, result, difference):
-    """Runs per configuration at which the comparison's test detects `difference`, a difference
-    fixed before the data (never the observed one: power computed from the observed difference
-    is a function of its p-value and says nothing more), with POWER, at the observed std (and
-    within-pair correlation for paired runs)."""
+    """Runs per configuration at which the comparison's test detects `difference` with POWER, at
+    the observed std (and correlation), `difference` fixed before the data: power computed from
+    the observed difference is a function of its p-value and says nothing more."""
     if not std or not difference:
         return None
     correlation = result.get('correlation')
@@ -245,19 +234,16 @@ def time_ratios(mine, theirs):
 
 
 def time_equivalences(mine, theirs, time_margin):
-    """Per device model, the TOST of the ratio of geometric-mean seconds within
-    [1 / time_margin, time_margin] (Welch's t on log seconds, as time_ratio)."""
+    """Per device model, the TOST of the geometric-mean time ratio within time_margin either way."""
     return per_device(mine, theirs, lambda a, b: inference.equivalence_test(
         a, b, time_margin, ratio=True, alpha=ALPHA))
 
 
 def comparisons(runs, configs, resolve=None, margin=None, time_margin=None):
-    """Every comparison of the study, with Holm's adjustment of their p-values over the family of
-    this study's comparisons (the family is named in the result), and of the equivalence tests'
-    p-values over theirs. resolve: a difference in points of accuracy (0.1 = 0.001) fixed in
-    advance, for which each comparison gets the runs needed to detect it; margin: points of
-    accuracy, time_margin: a ratio of times, within which the equivalence tests claim "the
-    same"."""
+    """Every comparison of the study, Holm-adjusted over the family of its comparisons (named in
+    the result) and, apart, over its equivalence tests. resolve: a difference in points of
+    accuracy (0.1 = 0.001) fixed in advance, for which each comparison gets the runs needed;
+    margin (points of accuracy) and time_margin (a ratio of times): the equivalence margins."""
     pairs = comparison_pairs(configs)
     if not pairs:
         return {'reason': 'one configuration at one grid point: nothing to compare'}
@@ -280,9 +266,8 @@ def comparisons(runs, configs, resolve=None, margin=None, time_margin=None):
 
 
 def epoch_curves(runs, configs, metric='accuracy'):
-    """{curve: {epochs: its finished runs (a DataFrame, diverged runs and runs without the metric
-    left out)}} for the configurations of an epoch grid (grid points that differ only in their
-    epochs), or {'reason': ...}."""
+    """{curve: {epochs: its finished runs with the metric, diverged ones left out}} for the
+    configurations of an epoch grid (grid points that differ only in their epochs)."""
     curves = {}
     for name, config in configs.items():
         if EPOCHS_KEY not in config.grid:
@@ -297,10 +282,9 @@ def epoch_curves(runs, configs, metric='accuracy'):
 
 
 def matched_cells(frames, metric):
-    """The cells' per-run values and whether the design pairs them: paired when 2 or more runs are
-    in every cell with the same seeds (study.py gives run i of every configuration the same
-    seeds), each cell then holding those runs in one order (a partial study's other runs left
-    out); else every run of each cell, unpaired."""
+    """The cells' per-run values and whether the design pairs them: paired when 2 or more runs
+    with the same seeds are in every cell, each cell then holding those runs in one order (a
+    partial study's other runs left out); else every run of each cell, unpaired."""
     seeds = [column for column in frames[0].columns if column.startswith('seed_')]
     indexed = [frame.set_index('run') for frame in frames]
     shared = sorted(set.intersection(*(set(frame.index) for frame in indexed)))
@@ -312,9 +296,8 @@ def matched_cells(frames, metric):
 
 
 def curve_entry(curve, target, baseline, baseline_label, is_baseline, metric='accuracy'):
-    """One curve: per epoch count its n, mean and interval; its fit and the fit's lack-of-fit
-    test; the epochs to the target and the speedup over the baseline curve at each epoch count,
-    each with its interval (paired where the cells' runs share their seeds)."""
+    """One curve: per epoch count its n, mean and interval; its fit and lack-of-fit test; epochs to
+    the target and the speedup over the baseline curve at each epoch count, with intervals."""
     epochs = sorted(curve)
     points = [inference.describe(curve[e][metric].to_numpy(dtype=float)) for e in epochs]
     entry = dict(baseline=baseline_label, epochs=epochs, n=[p['n'] for p in points],

@@ -1,6 +1,5 @@
-"""study.py's command line, parsed here alone: the study's flags, its configurations and grids,
-the flags after -- (the data, the device and the hyp of every configuration), `study.py report`'s
-flags; and the command itself (main): a launch or a report, what it says and its exit status."""
+"""study.py's command line, parsed here alone: the study's flags, configurations and grids, the
+flags after --, `study.py report`'s; and main: a launch or a report, its output and exit status."""
 import argparse
 import contextlib
 import itertools
@@ -99,8 +98,7 @@ def parse_grid(text):
 
 
 def grid_names(keys):
-    """The short name of each grid key in configuration names: its last part, unless two keys
-    share it."""
+    """A grid key's short name in configuration names: its last part, unless two keys share it."""
     leaves = [key.split('.')[-1] for key in keys]
     return [leaf if leaves.count(leaf) == 1 else key for key, leaf in zip(keys, leaves)]
 
@@ -138,8 +136,7 @@ def parse_configs(raw, default_script):
 
 def with_default_script(configs, default_script, typed):
     """The configurations, with the positional script's own first (the baseline) when every
-    --config names another script: the positional script is trained too, never dropped. The
-    second value is the line that says so, or None."""
+    --config names another script, so that it is never dropped; and the line saying so, or None."""
     if not configs or any(script == default_script for _, script, _ in configs):
         return configs, None
     name = os.path.basename(default_script).removesuffix('.py')

@@ -67,7 +67,6 @@ class Collector:
         return sorted(self.outstanding)
 
     def advance(self):
-        """Move done_below past the runs done, and tell the queue."""
         start = self.done_below
         while self.done_below < len(self.jobs) and (self.done_below in self.written or
                                                     self.done_below in self.failed):

@@ -1,14 +1,13 @@
 """Compiling a launch's configurations once per machine, before its runs. Each configuration whose
-network compiles (a compiled script's, on this device) gets a process of its own, as many at once
-as --compile-jobs allows (default: one per CORES_PER_COMPILE of the machine's cores), that runs the configuration's warmup into
-the inductor cache the machine's processes share (compile_job, `python -m studylib.compiling`);
-then every process that trains the configuration warms up from that cache. Under torchrun the P
-processes of a machine share its configurations (each compiles every P-th) and wait for each
-other, so they compile each graph once, not P times.
+network compiles (a compiled script's, on this device) gets a process of its own, --compile-jobs
+at once, that runs its warmup into the inductor cache the machine's processes share (compile_job,
+`python -m studylib.compiling`); every process that trains it then warms up from that cache.
+Under torchrun the P processes of a machine share its configurations (each compiles every P-th)
+and wait for each other, so each graph is compiled once, not P times.
 
-Machines do not send each other what they compiled: each compiles once for itself (they may differ
-in GPU model, driver or torch, for which inductor's cache keys differ anyway); machines that share
-a file system share the work too when TORCHINDUCTOR_CACHE_DIR points them at one directory."""
+Machines do not send each other what they compiled: each compiles for itself (their GPU model,
+driver or torch may differ, and inductor's cache keys with them); machines that share a file
+system share the work when TORCHINDUCTOR_CACHE_DIR points them at one directory."""
 import concurrent.futures
 import json
 import os
@@ -35,8 +34,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @dataclass(frozen=True)
 class CompileJob:
     """What a compiling process needs to make the graphs of a configuration's runs: its script
-    (the file) and hyp, the device and precision, and the shapes of a run's warmup: the classes,
-    the evaluated split's images, the test images whose outputs the runs evaluate (0: none)."""
+    file, hyp, device and precision, and the shapes of a run's warmup (num_test 0: no outputs)."""
     config: str
     script: str
     hyp: dict
@@ -63,7 +61,6 @@ def usable_cores():
 
 
 def default_compile_jobs():
-    """--compile-jobs' default: one compile at once per CORES_PER_COMPILE cores, at least one."""
     return max(1, usable_cores() // CORES_PER_COMPILE)
 
 
@@ -88,8 +85,7 @@ def compile_job(job):
 
 
 def run_compile_process(job, compile_threads):
-    """A process of its own compiling job: (wall seconds, what compile_job returned or
-    {'error'})."""
+    """(wall seconds, compile_job's result or {'error'}) of job run in a process of its own."""
     environment = dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS=str(compile_threads),
                        PYTHONPATH=os.pathsep.join(filter(None, [REPO,
                                                                 os.environ.get('PYTHONPATH')])))
@@ -107,8 +103,6 @@ def run_compile_process(job, compile_threads):
 
 
 class Compiler:
-    """This process's part in compiling the launch's configurations before the runs."""
-
     def __init__(self, runner, world, jobs_at_once):
         self.runner = runner
         self.world = world
@@ -127,11 +121,10 @@ class Compiler:
         return compiled
 
     def compile(self, configs):
-        """Compile the configurations' graphs into the machine's cache before their warmups, where
-        separate processes save time (several configurations compiled at once, or several
-        processes on the machine that would each compile them); this process's CompileRecords of
-        that stage. The machine's P processes share the configurations: local rank r compiles the
-        r-th, the (r + P)-th, ..., then waits for the others' before its warmups load them all."""
+        """This process's CompileRecords of compiling the configurations into the machine's cache
+        before their warmups, where separate processes save time (several configurations at once,
+        or several processes of the machine that would each compile them). Local rank r of P
+        compiles the r-th, (r + P)-th, ..., then waits for the others' before its warmups."""
         compiled = self.compiled_configs(configs)
         if compiled:
             enable_compile_caches()  # torch 2.4's default is off: the warmups load from it

@@ -18,9 +18,8 @@ def as_json(value):
 @dataclass
 class Config:
     """A configuration: a script's hyp with overrides, at one point of the grids. The command line
-    makes it (script: a repository script's name or a file's absolute path); the launch resolves
-    it (script_sha256: its code's SHA-256, hyp: the script's resolved hyp); study.json stores it
-    under its name as to_json()."""
+    makes it (script: a repository script's name or a file's absolute path), the launch resolves
+    its script_sha256 and hyp, and study.json stores it under its name as to_json()."""
     name: str
     script: str
     overrides: list = field(default_factory=list)
@@ -109,8 +108,7 @@ class Study:
 
 @dataclass(frozen=True)
 class ScriptFlags:
-    """The flags after study.py's --, for every configuration: the data, the device and precision,
-    the hyp's --epochs and --hyp, and what is done around each run (docs/studies.md)."""
+    """The flags after study.py's --, the same for every configuration (docs/studies.md)."""
     dataset: str
     data_dir: str
     train_splits: str
@@ -125,11 +123,9 @@ class ScriptFlags:
 
 @dataclass(frozen=True)
 class Request:
-    """What a launch's command asks for, parsed once (studylib.cli): the positional script (its
-    label), the study's directory and settings, its configurations resolved from --config and
-    --grid ({name: Config}, not yet their hyp), as typed (config: the --config words, grid: the
-    --grid texts, which the launch records), how the launch runs (lost_after, compile_jobs), the
-    flags after -- and what rank 0 says of the command before it starts (notes)."""
+    """What a launch's command asks for, parsed once (studylib.cli). configs: {name: Config} from
+    --config and --grid, their hyp not yet resolved; config and grid: those flags as typed, which
+    the launch records; notes: what rank 0 says of the command before it starts."""
     script: str
     runs: int
     study_dir: str

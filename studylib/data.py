@@ -1,8 +1,7 @@
 """A study's data: CIFAR-10, CIFAR-100 and SVHN in torchvision's layout (downloaded when absent) or
 any image folder of 32x32 images, decoded once into a tensor cache beside it, with the fingerprint
-that every process of a study compares. CIFAR-10 and the image folders are read by the scripts'
-tail (repository_tail), with the scripts' messages for bad data, its image-folder test and its
-normalization (CIFAR-10's constants, else the training set's own mean and std)."""
+every process compares. The scripts' tail (repository_tail) reads CIFAR-10 and image folders, with
+its messages for bad data, and normalizes (CIFAR-10's constants, else the training set's own)."""
 import hashlib
 import io
 import os
@@ -18,8 +17,7 @@ CACHE_VERSION = 2  # a cache of another version is rebuilt
 
 
 def tail_call(function, *args):
-    """A function of the scripts' tail (repository_tail), its ValueError (bad data: the message a
-    script says) raised as a StudyError with the same message."""
+    """A function of the scripts' tail, its ValueError (bad data, a script's words) a StudyError."""
     try:
         return function(*args)
     except ValueError as error:
@@ -27,8 +25,7 @@ def tail_call(function, *args):
 
 
 def read_image_folder(data_dir, train_splits):
-    """The training splits of data_dir (concatenated) and its test/, all with the same classes,
-    each read by the scripts' own reader (their messages for bad data)."""
+    """The training splits of data_dir (concatenated) and its test/, all with the same classes."""
     tail = repository_tail()
     splits = {split: tail_call(tail.read_split, data_dir, split) for split in
               [*train_splits, 'test']}

@@ -17,10 +17,9 @@ from .scripts import repository_tail
 
 
 def resolve_device_precision(device_name, precision, local_rank=0):
-    """(torch.device, precision) for --device and --precision: auto is the scripts' own choice
-    for each (their tail's resolve_device and precision_for: CUDA where present; fp16 on CUDA,
-    bf16 on a CPU with native bf16, else fp32). A CUDA device always carries its index
-    (cuda_device)."""
+    """(torch.device, precision) for --device and --precision, auto as the scripts' tail chooses
+    (CUDA where present; fp16 on CUDA, bf16 on a CPU with native bf16, else fp32). A CUDA device
+    always carries its index (cuda_device)."""
     tail = repository_tail()
     try:
         device = tail.resolve_device(None if device_name == 'auto' else device_name)
@@ -67,9 +66,8 @@ def keep_freed_memory_in_process():
 
 
 def prepare_device(device, deterministic):
-    """This process's device for training: selected, cuDNN's autotuner on unless runs must repeat
-    bitwise, and the allocator kept from returning memory (the CPU's steps; harmless beside a
-    GPU)."""
+    """cuDNN's autotuner on unless runs must repeat bitwise; the allocator kept from returning
+    memory (for the CPU's steps; harmless beside a GPU)."""
     if device.type == 'cuda':
         torch.cuda.set_device(device)
     torch.backends.cudnn.benchmark = not deterministic
@@ -80,9 +78,8 @@ def prepare_device(device, deterministic):
 
 
 def compile_counts():
-    """(graphs dynamo has traced, graphs inductor has compiled anew, graphs inductor has loaded from
-    its FX graph cache) in this process so far; zeros where nothing was compiled. The one count of
-    compiled graphs: the records, the compiling processes, the tools and the tests read it."""
+    """(graphs dynamo traced, inductor compiled anew, inductor loaded from its FX graph cache) in
+    this process so far: the one count of compiled graphs (records, compile jobs, tools, tests)."""
     dynamo_utils = sys.modules.get('torch._dynamo.utils')
     if dynamo_utils is None:
         return 0, 0, 0
@@ -101,9 +98,8 @@ def compiles_network(net):
 
 
 def enable_compile_caches():
-    """Inductor's FX graph cache, on by default from torch 2.5 (off on 2.4): what one process of
-    the machine compiled, another loads from the cache directory they share (inductor's, under
-    the temporary directory unless TORCHINDUCTOR_CACHE_DIR says otherwise)."""
+    """Inductor's FX graph cache (on by default from torch 2.5, off on 2.4): what one process
+    compiled, another loads from the directory they share (TORCHINDUCTOR_CACHE_DIR, or tmp's)."""
     import torch._inductor.config
     torch._inductor.config.fx_graph_cache = True
 
@@ -126,12 +122,11 @@ class RecompileLimitHits(logging.Handler):
 def recompile_limits(num_configs):
     """torch.compile's recompile limit, for a process that holds several configurations' networks.
 
-    The limit (8 variants of a function) is kept per code object, and compiled networks share one:
-    torch.compile(net.forward) compiles torch's own wrapper of nn.Sequential's forward for every
-    network of the process. So each configuration gets the limit its script has alone (the limit
-    times the configurations), a hit raises where torch can (2.5 on; a run stops there), and every
-    hit is noted (yields the RecompileLimitHits): a run is never timed eagerly where its script
-    alone compiles."""
+    The limit (8 variants of a function) is per code object, and compiled networks share one:
+    torch.compile(net.forward) compiles torch's wrapper of nn.Sequential's forward for every
+    network. So each configuration gets its script's own limit (the limit times the
+    configurations); a hit raises where torch can (2.5 on) and is noted (yields the
+    RecompileLimitHits): a run is never timed eagerly where its script alone compiles."""
     import torch._dynamo  # noqa: F401  (its config; a study compiles, or its scripts may)
     config = torch._dynamo.config
     limits = dict(cache_size_limit=config.cache_size_limit * num_configs,
@@ -171,7 +166,6 @@ def nvidia_driver():
 
 
 def device_model(device):
-    """The model of the device that times the runs: the GPU's name, or the CPU's."""
     return torch.cuda.get_device_name(device) if device.type == 'cuda' else cpu_model()
 
 
@@ -186,7 +180,6 @@ def local_environment(device, precision):
 
 
 def world_environment(infos):
-    """The launch's environment from every process's: GPU models with their counts, hosts, ..."""
     def values(key):
         found = sorted({str(info[key]) for info in infos if info.get(key) is not None})
         return ', '.join(found) or None

@@ -1,20 +1,20 @@
 """How the processes of a study share its runs, through the key-value store that torchrun serves
-(in one plain process, an in-memory one). There is no process group and no collective: only small
-messages travel, and a process that dies blocks nobody.
+(in one plain process, an in-memory one). No process group and no collective: only small messages
+travel, and a process that dies blocks nobody.
 
-The store outlives the processes of a launch: torchrun's agent serves it, and a restarted process
-(torchrun --max-restarts) joins the launch that is running, as does a replacement for rank 0. The
-keys (under airbench_study/):
+The store outlives the processes of a launch (torchrun's agent serves it): a restarted process
+(torchrun --max-restarts) joins the running launch, as does a replacement for rank 0. The keys
+(under airbench_study/):
 - plan: the launch's runs to train (rank 0 publishes it once, from the records in DIR);
 - next: the queue, an atomic counter of handed-out runs;
-- lease/I: the process (its token) that trains run I; a run whose process has died (its
-  successor of the same rank said so: dead/TOKEN) or stopped heart-beating for --lost-after
-  seconds is taken over by another process with compare_set, so it is trained once more, never by
-  two at a time; attempts/I counts the takeovers;
+- lease/I: the process (its token) that trains run I; a run whose process died (its successor of
+  the same rank said so: dead/TOKEN) or stopped heart-beating for --lost-after seconds is taken
+  over with compare_set, so it is trained once more, never by two at a time; attempts/I counts
+  the takeovers;
 - beat/TOKEN: each process's heartbeat counter;
-- record/I and outputs/I/TOKEN/K: a finished (or failed) run's record and its outputs in chunks,
-  published by the process that holds the lease; rank 0 writes a record only while its lease is
-  the publisher's (a late record from a replaced process is dropped), then sets done/I;
+- record/I/TOKEN and outputs/I/TOKEN/K: a finished (or failed) run's record and its outputs in
+  chunks, from the lease's holder; rank 0 writes a record only while its lease is the
+  publisher's (a late record from a replaced process is dropped), then sets done/I;
 - done_below: every run below it is done (rank 0 moves it on), where the takeovers look from;
 - finished: set by rank 0 once every run is done; the other processes then end.
 Every store call retries with backoff and reconnects for up to STORE_PATIENCE seconds, so a
@@ -133,9 +133,8 @@ class ResilientStore:
 
 @dataclass(frozen=True)
 class World:
-    """This process's place among the study's processes: its rank of size, its local rank on its
-    machine (node: torchrun's GROUP_RANK, or the host), its token (which names it in leases and
-    heartbeats), and the store they share."""
+    """This process's place among the study's processes. node: torchrun's GROUP_RANK, or the
+    host; token: what names this process in leases and heartbeats."""
     rank: int
     size: int
     local_rank: int
@@ -167,23 +166,19 @@ class World:
         self.store.set_large(key, json.dumps(value).encode())
 
     def read(self, key, give_up=None):
-        """The value published under key, waiting for it."""
         self.store.wait_for(f'{key}/count', give_up)
         return json.loads(self.store.get_large(key))
 
     def read_all(self, key):
-        """Every rank's value published under key/RANK, waiting for them all."""
         return [self.read(f'{key}/{rank}') for rank in range(self.size)]
 
 
 class Heartbeat(threading.Thread):
-    """Adds 1 to beat/TOKEN every HEARTBEAT_SECONDS inside its with block; a store error is
-    retried (by the store) and never ends the heartbeat. Leaving the block, however it is left,
-    stops the thread and waits for it: a daemon thread still inside a store call when the
-    interpreter exits is ended by pthread_exit inside torch's C++, and that aborts the process
-    (std::terminate, exit status 134) after a study that succeeded. The wait is bounded for a
-    lost store, whose calls retry for STORE_PATIENCE seconds: the launch is ending in an error
-    then."""
+    """Adds 1 to beat/TOKEN every HEARTBEAT_SECONDS inside its with block; a store error never ends
+    it. Leaving the block stops the thread and waits for it: a daemon thread still inside a store
+    call at interpreter exit is ended by pthread_exit inside torch's C++, which aborts the process
+    (std::terminate, exit status 134) after a study that succeeded. The wait is bounded
+    (JOIN_SECONDS) for a lost store, whose calls retry for STORE_PATIENCE seconds."""
 
     def __init__(self, world):
         super().__init__(daemon=True)
@@ -229,10 +224,9 @@ class Liveness:
 
 
 class Queue:
-    """The runs of the plan, handed out once each: first in order from the counter next, then, once
-    it is exhausted, runs whose holder is lost (taken over), until every run is done. Looking for
-    those starts at done_below and skips runs known done, so it costs the runs still out, not the
-    study's."""
+    """The runs of the plan, handed out once each: in order from the counter next, then runs whose
+    holder is lost (taken over), until every run is done. That search starts at done_below and
+    skips runs known done, so it costs the runs still out, not the study's."""
 
     def __init__(self, world, num_jobs, lost_after):
         self.world = world

@@ -87,7 +87,6 @@ class StudyDir:
         return self.join('runs', config, f'{run:05d}.pt')
 
     def set_aside(self):
-        """Damaged files, kept under names that say why."""
         return self.join(SET_ASIDE)
 
     def compiles(self, launch):
@@ -112,7 +111,6 @@ class StudyDir:
         return self.join('report.md')
 
     def plot(self, file_name):
-        """A plot of the report: accuracy.png, time.png, epochs.png."""
         return self.join(file_name)
 
     def looks(self):
@@ -205,7 +203,6 @@ def scan_config(study_dir, config, expects_outputs):
 
 
 def failure_files(study_dir, config):
-    """The RUN.failed.json files of a configuration, in run order."""
     directory = glob.escape(StudyDir(study_dir).config_dir(config))
     return sorted(glob.glob(os.path.join(directory, '[0-9]*.failed.json')))
 
@@ -220,8 +217,7 @@ def remove_partial_writes(study_dir):
 
 
 def read_failures(path):
-    """A RUN.failed.json ({'config', 'run', 'failures': [a dict per try]}); ValueError if it is
-    damaged."""
+    """A RUN.failed.json: {'config', 'run', 'failures': [a dict per try]}; ValueError if damaged."""
     content = load_json(path)
     failures = content.get('failures') if isinstance(content, dict) else None
     if not isinstance(failures, list) or not all(isinstance(f, dict) for f in failures):
@@ -230,11 +226,10 @@ def read_failures(path):
 
 
 def scan_runs(study_dir, study):
-    """What DIR holds of the study: ({(config, run): RunRecord} of the finished runs, [Damaged]).
-    Every record is read and checked (the same reader for the launch's plan and the report): a
-    record that cannot be read, lacks a field, sits in another run's place or whose outputs are
-    cut short is not finished; a configuration directory that study.json does not name is
-    damaged as a whole (its records would count for a later configuration of that name)."""
+    """({(config, run): RunRecord} of the finished runs, [Damaged]): the one reader of records, for
+    the plan and the report. A record that cannot be read, lacks a field, sits in another run's
+    place or whose outputs are cut short is not finished; a configuration directory study.json
+    does not name is damaged whole (its records would count for a later configuration so named)."""
     expects_outputs = bool(study.settings.get('save_logits')) or \
         study.settings.get('train_subset') is not None
     finished = {}
@@ -252,9 +247,8 @@ def scan_runs(study_dir, study):
 
 
 def set_aside(study_dir, damaged):
-    """Move each damaged file (with a record, its outputs) to DIR/set_aside/, named PATH.WHY
-    (PATH.WHY.2 ... where taken): kept, never deleted, and no longer counted. Returns the lines
-    that say where each went."""
+    """Move each damaged file (a record with its outputs) to DIR/set_aside/PATH.WHY (PATH.WHY.2 ...
+    where taken): kept, never deleted, no longer counted. Returns where each went."""
     moved = []
     files = StudyDir(study_dir)
     for entry in damaged:
@@ -275,7 +269,6 @@ def set_aside(study_dir, damaged):
 
 
 def free_name(path):
-    """path, or path.2, path.3 ...: the first that does not exist."""
     candidate = path
     number = 1
     while os.path.exists(candidate):

@@ -38,9 +38,8 @@ def check_hyp_values(value, default, choices, ranges, path=()):
 
 
 def set_entry(hyp, key, value):
-    """Set hyp's entry KEY (GROUP.NAME, at any depth) to value, refusing a key hyp does not have,
-    naming the keys there are. The one setter of hyp entries: study.py's --hyp and overrides,
-    the tools and the tests."""
+    """Set hyp's entry KEY (GROUP.NAME, at any depth), refusing one hyp lacks with the keys there
+    are. The one setter of hyp entries: study.py's --hyp and overrides, the tools and the tests."""
     *groups, name = key.split('.')
     node = hyp
     path = []

@@ -21,7 +21,6 @@ POLL_SECONDS = 0.5  # how often a process without a run looks for one, or for th
 
 
 def failure_record(config, run, error, runner):
-    """The record of a try that raised: what and where, so that the report can say so."""
     return FailedTry(config=config, run=run, error_type=type(error).__name__,
                      error=str(error)[:4000], rank=runner.world.rank, host=socket.gethostname(),
                      device=str(runner.device), device_model=runner.device_model,
@@ -40,9 +39,9 @@ def train_one(runner, config, run):
 
 
 def device_failure(device):
-    """After a failed run: the failed run's cached memory given back (CUDA out of memory at a
-    large batch), or the error that says the device can no longer be used (after an illegal
-    memory access or a device-side assert, every CUDA call of the process fails); None on a CPU."""
+    """After a failed run, its cached memory given back (CUDA out of memory at a large batch), or
+    why the device is unusable (after an illegal memory access or a device-side assert, every CUDA
+    call of the process fails); None on a CPU."""
     if device.type != 'cuda':
         return None
     try:
@@ -82,8 +81,7 @@ class BrokenDevice:
 
 
 def work(request, world, plan, runner, collector):
-    """Take runs from the queue and train them until every run of the plan is done; rank 0 writes
-    the records between its runs."""
+    """Train runs from the queue until the plan is done; rank 0 writes records between its runs."""
     queue = Queue(world, len(plan.jobs), request.lost_after)
     broken = BrokenDevice()
     liveness = Liveness(world.store, request.lost_after)
@@ -130,10 +128,9 @@ class ProcessLost(Exception):
 
 
 def run_study(request, world, command):
-    """This process's part of the launch, with its heartbeat beating throughout (stopped however
-    the launch ends). Returns the exit status: 0, or that of Ctrl-C (130) or SIGTERM (143) once
-    the launch is planned (rank 0 says what it kept); rank 0's failed runs and a report that could
-    not be written are raised here."""
+    """This process's part of the launch, its heartbeat beating throughout. Returns the exit status:
+    0, or Ctrl-C's (130) or SIGTERM's (143) once the launch is planned (rank 0 says what it kept);
+    rank 0 raises its failed runs and a report that could not be written."""
     replacing = world.join()
     with Heartbeat(world):
         if world.store.check('plan/count'):
@@ -178,8 +175,7 @@ def say_launch(request, world, process, plan, collector, replacing):
 
 
 def train_and_report(request, world, process, plan, lock, collector):
-    """Warm up, train from the queue and, on rank 0 (collector), write the records, then the
-    report. Returns the report's failure (or None)."""
+    """Warm up, train and, on rank 0, write the records and report; its failure, or None."""
     try:
         with recompile_limits(len(process.configs)) as recompile_limit_hits:
             runner = Runner(request, process, world, plan.launch, recompile_limit_hits)

@@ -2,17 +2,16 @@
 
 A test's error rate holds when what it tests was fixed before the data were seen and it is made
 once, at the number of runs planned (a fixed-n design). A target chosen or changed after runs were
-finished, or runs added beyond the plan after a report was written (the study extended because of
-what it showed), or a claim made before the planned runs are all in (an interim look), each lets
-the data choose the test, and the error rate of the claims is no longer what their p-values say:
-such claims are exploratory. Making them confirmatory takes a design fixed in advance: a fixed n
-run to its end, or a sequential design whose looks spend alpha by a bound set beforehand
-(O'Brien and Fleming 1979; Lan and DeMets 1983), which study.py does not implement.
+finished, runs added beyond the plan after a report (the study extended because of what it
+showed), or a claim made before the planned runs are all in (an interim look) each lets the data
+choose the test, so the p-values no longer give the error rate: such claims are exploratory.
+Confirmatory takes a design fixed in advance: a fixed n run to its end, or a sequential design
+whose looks spend alpha by a bound set beforehand (O'Brien and Fleming 1979; Lan and DeMets 1983),
+which study.py does not implement.
 
-The record: every report appends a look to DIR/analysis/looks.json (when, the target it tested,
-the runs planned and finished, the configurations). study.json's launches (each with its start and
-what it asked for: runs, configurations, grids, target) and the records' finish times tell the
-rest, for reports written before looks.json existed.
+Every report appends a look to DIR/analysis/looks.json (when, the target tested, the runs planned
+and finished, the configurations); study.json's launches (each with its start and request) and the
+records' finish times tell the rest, for reports written before looks.json existed.
 """
 import argparse
 import datetime
@@ -41,7 +40,6 @@ def read_looks(study_dir):
 
 
 def record_look(study_dir, summary, target_given):
-    """Append this report's look to DIR/analysis/looks.json."""
     looks = read_looks(study_dir) + [dict(
         written=now(), target=summary['target'], target_given=target_given,
         runs_requested=summary['runs_requested'], runs_finished=summary['runs_finished'],
@@ -56,9 +54,8 @@ def now():
 
 
 def launch_request(launch):
-    """(runs, configurations, grids, target) that a launch asked for, as it recorded them (or, for
-    a launch recorded before launches kept their request, as its command gave them); None where
-    neither can be read."""
+    """(runs, configurations, grids, target) a launch asked for, as it recorded them or, before
+    launches kept their request, as its command gave them; None where neither can be read."""
     request = launch.get('request') or request_of_command(launch.get('command') or [])
     if request is None:
         return None
@@ -67,9 +64,8 @@ def launch_request(launch):
 
 
 def request_of_command(command):
-    """What a command recorded by a study.py of before launches kept their request asked for: its
-    --runs, --config, --grid and --target (a reader of those frozen records); None without
-    --runs."""
+    """The --runs, --config, --grid and --target of a command recorded before launches kept their
+    request (a reader of those frozen records); None without --runs."""
     words = list(command)[1:]
     words = words[:words.index('--')] if '--' in words else words
     parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
@@ -87,8 +83,7 @@ def request_of_command(command):
 
 
 def finished_before(runs, moment):
-    """How many of the runs were finished before `moment` (ISO times, as records and launches
-    write them)."""
+    """How many runs finished before `moment` (ISO times, as records and launches write them)."""
     if not len(runs) or 'finished' not in runs:
         return 0
     return int((runs['finished'].astype(str) < moment).sum())
@@ -145,11 +140,9 @@ def history_reasons(history, summary):
 
 
 def looks_analysis(study, runs, summary, target_given, history):
-    """Whether the claims of this report are confirmatory: exploratory with its reasons (the
-    target given to this report after runs were finished, a target or plan changed by a launch
-    after runs were finished, runs added beyond the plan after a report, a partial study), the
-    notes of harmless looks, the rule that would make them confirmatory, and the looks recorded
-    before this one."""
+    """Whether this report's claims are confirmatory: exploratory with its reasons (a target given
+    to this report, or a target or plan changed by a launch, after runs were finished; runs added
+    beyond the plan after a report; a partial study), the notes of harmless looks, and the rule."""
     reasons = []
     if target_given is not None and target_given != study.target and summary['runs_finished']:
         reasons.append(f'the target {target_given} was given to `study.py report` after '

@@ -9,7 +9,6 @@ def fmt(value, digits=4):
 
 
 def fmt_interval(low, high, digits=4):
-    """[low, high], with an open bound shown as such."""
     if low is None and high is None:
         return ''
     return f"[{fmt(low, digits) if low is not None else 'open'}, " \
@@ -17,7 +16,6 @@ def fmt_interval(low, high, digits=4):
 
 
 def missing(section):
-    """The reason an analysis is absent, or None when it is there."""
     return section.get('reason') if isinstance(section, dict) and set(section) == {'reason'} \
         else None
 
@@ -29,7 +27,6 @@ class Notes:
         self.reasons = []
 
     def mark(self, result):
-        """'' for a reliable result; else a dagger and the number of its reason."""
         if result is None or result.get('reliable', True):
             return ''
         reason = result.get('reason') or 'coverage not measured here'
@@ -42,8 +39,7 @@ class Notes:
 
 
 def interval_cell(result, notes, digits=3, scale=1.0):
-    """'estimate [low, high]' of an interval result of studylib.stats.fits, marked when not
-    reliable."""
+    """'estimate [low, high]' of a studylib.stats.fits interval, marked when not reliable."""
     if result is None:
         return ''
     if result['estimate'] is None:
@@ -110,8 +106,7 @@ def target_lines(section, looks=None):
 
 
 def failure_lines(summary):
-    """The failed and diverged runs: not in the description (the target claims count the
-    diverged ones)."""
+    """The failed and diverged runs, which the description leaves out."""
     lines = []
     for name, c in summary['configs'].items():
         if missing(c):
@@ -301,7 +296,6 @@ def variance_lines(section):
 
 
 def looks_lines(looks):
-    """Whether the claims below are confirmatory, and why not."""
     if not looks or missing(looks):
         return [f'Looks at the data: not known ({missing(looks)}).', ''] if looks else []
     if not looks['exploratory']:
@@ -314,7 +308,6 @@ def looks_lines(looks):
 
 
 def damaged_lines(summary):
-    """The damaged files the report leaves out: their runs are not finished."""
     if not summary.get('damaged'):
         return []
     return ['Damaged files, not counted (the next launch sets each aside in set_aside/, kept, and '

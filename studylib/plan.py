@@ -1,8 +1,7 @@
 """What a launch trains, and how its processes agree on it: each process loads the scripts,
 resolves the configurations' hyp and takes its device and data; rank 0 checks every process's
-report, DIR and its lock, study.json (the study, checked against DIR's and extended, with what this
-launch asked for), writes the side files of DIR and makes the plan that all follow, the runs still
-to train once the damaged files are set aside (or the error that stops them all)."""
+report, locks DIR, checks and extends study.json, writes DIR's side files and makes the plan all
+follow: the runs still to train once damaged files are set aside (or the error that stops them)."""
 import dataclasses
 import datetime
 import fcntl
@@ -78,10 +77,9 @@ def merge_study(existing, study, command):
 
 
 def open_study(study_dir, study, command, launch):
-    """Rank 0 at the start of a launch: lock DIR, check that it holds this study or none (or one
-    that this launch extends), and write study.json with the launch (its id, command and
-    environment) added; a study.json that was read from its copy is set aside first. Returns the
-    lock, the study as DIR holds it now, and the lines that say what was recovered."""
+    """Rank 0 at a launch's start: lock DIR, check that it holds this study, none, or one this
+    launch extends, and write study.json with the launch added (a study.json read from its copy is
+    set aside first). Returns the lock, the study as DIR holds it now, and what was recovered."""
     lock = lock_study_dir(study_dir)
     notes = []
     try:
@@ -104,7 +102,6 @@ def open_study(study_dir, study, command, launch):
 
 
 def set_aside_note(study_dir, damaged, moved):
-    """One line: what was set aside, where, and that those runs are trained again."""
     shown = '; '.join(entry.line() for entry in damaged[:3])
     more = f'; and {len(damaged) - 3} more' if len(damaged) > 3 else ''
     return (f'set aside {len(damaged)} damaged file{"s" if len(damaged) > 1 else ""} of '
@@ -114,10 +111,9 @@ def set_aside_note(study_dir, damaged, moved):
 
 @dataclass(frozen=True)
 class Plan:
-    """What a launch trains, as rank 0 made it and every process follows it: the launch's id, the
-    runs to train ((config, run), run-major: the runs of a seed finish together, so that a partial
-    study is paired), the runs of its configurations in all and those finished before it, its
-    environment, what rank 0 says of DIR (notes) and the data's fingerprint."""
+    """What a launch trains, as rank 0 made it and every process follows it. jobs: (config, run),
+    run-major, so that the runs of a seed finish together and a partial study is paired; total and
+    finished: its configurations' runs, and those finished before it; data: the fingerprint."""
     launch: str
     jobs: tuple
     total: int
@@ -159,10 +155,8 @@ class SharedError(StudyError):
 
 @dataclass(frozen=True)
 class Process:
-    """This process's part of the launch, set up once: the flags after --, its scripts ({label:
-    Script}, each loaded once), the configurations resolved ({name: Config} with their script's
-    SHA-256 and hyp), its device, precision and data, and what it tells rank 0 (info: its
-    environment and the data's fingerprint)."""
+    """This process's part of the launch, set up once: scripts ({label: Script}), configs ({name:
+    Config}, resolved), info (for rank 0: its environment and the data's fingerprint)."""
     flags: ScriptFlags
     scripts: dict
     configs: dict
@@ -173,8 +167,7 @@ class Process:
 
 
 def setup_configs(request):
-    """The study's scripts ({label: Script}, each loaded once) and its configurations resolved
-    ({name: Config} with the script's SHA-256 and the resolved hyp)."""
+    """({label: Script}, {name: Config} resolved with its script's SHA-256 and hyp)."""
     scripts = {}
     configs = {}
     for name, config in request.configs.items():
@@ -192,8 +185,6 @@ def setup_configs(request):
 
 
 def setup_process(request, world):
-    """This process's Process: its scripts, configurations, device, precision and data, and what
-    it tells rank 0 (or the error that stops the study)."""
     scripts, configs = setup_configs(request)
     flags = request.flags
     device, precision = resolve_device_precision(flags.device, flags.precision, world.local_rank)
@@ -222,7 +213,6 @@ def study_of(request, process):
 
 
 def check_world(infos):
-    """Refuse a process's error, or processes that disagree on the data."""
     for rank, info in enumerate(infos):
         if 'error' in info:
             where = '' if rank == 0 else f" (rank {rank}, {info['host']})"
@@ -249,8 +239,7 @@ def check_outputs_travel(request, data):
 
 
 def plan_launch(request, process, infos, command):
-    """Rank 0: check the world and DIR, record the launch in study.json, and list the runs to train.
-    Returns the lock on DIR and the Plan."""
+    """Rank 0: check the world and DIR, record the launch, list the runs: (DIR's lock, the Plan)."""
     check_world(infos)
     check_outputs_travel(request, process.data)
     asked = dict(runs=request.runs, configs=request.config, grids=request.grid,
@@ -283,7 +272,6 @@ def runner_files(request, process):
 
 
 def read_plan(world):
-    """The Plan rank 0 published, or the SharedError of the error that stops every process."""
     content = world.read('plan')
     if 'error' in content:
         raise SharedError(content['error'], content['exit_status'])

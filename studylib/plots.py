@@ -92,10 +92,9 @@ def plot_time(study_dir, runs, names, plt):
 
 
 def plot_epochs(study_dir, speedup, plt):
-    """Each curve's mean error with its 95% CI (within [0, 1]) against epochs, on log scales with
-    ticks readable at any range, and its fitted power law over the measured epochs: solid where
-    the law fits, dashed where the lack-of-fit test rejects it, none where no law fits (the fit
-    stopped at a bound, or failed). The axes span the data, not the laws."""
+    """Each curve's mean error with its 95% CI against epochs on log scales, and its fitted law
+    over the measured epochs: solid where it fits, dashed where the lack-of-fit test rejects it,
+    none where no law fits (fit_status). The axes span the data, not the laws."""
     figure, axes = plt.subplots(figsize=(9, 4.5))
     shown_errors = []
     perfect = 0
@@ -150,8 +149,7 @@ def error_bars(curve):
 
 
 def fit_status(curve):
-    """'none' where no law fits (no fit, or one stopped at a bound), 'bad fit' where the
-    lack-of-fit test rejects it at 5%, else 'fits'."""
+    """'none' (no fit, or one stopped at a bound), 'bad fit' (lack of fit at 5%), else 'fits'."""
     fit = curve.get('fit')
     test = curve.get('lack_of_fit') or {}
     if fit is None or fit['at_bounds']:

@@ -11,8 +11,6 @@ from dataclasses import dataclass
 
 @dataclass
 class RunRecord:
-    """A finished run: what it is (configuration, run, script, seeds), what it gave (accuracies,
-    timed seconds, steps, losses) and where it ran."""
     config: str
     run: int
     script: str
@@ -92,7 +90,6 @@ class FailedTry:
 
     @classmethod
     def from_json(cls, content):
-        """A try as RUN.failed.json holds it (to_json's)."""
         return cls(**{field.name: content[field.name] for field in dataclasses.fields(cls)})
 
     def to_json(self):
@@ -104,11 +101,10 @@ class FailedTry:
 @dataclass
 class CompileRecord:
     """What compiling a configuration cost one process of a launch, at one stage: 'before the runs'
-    (a process of its own compiling it into the machine's inductor cache, once per machine) or
-    'warmup' (the untimed warmup of each process that trains it, which loads what that compiled).
-    graphs: graphs dynamo traced; compiled and from_cache: inductor's graphs compiled anew and
-    loaded from its FX graph cache (both 0 where inductor did not compile: an eager script, or
-    another backend); error: why the stage failed, or None."""
+    (its own process, compiling into the machine's inductor cache) or 'warmup' (each training
+    process's untimed warmup, which loads that cache). graphs: graphs dynamo traced; compiled,
+    from_cache: inductor's graphs compiled anew and loaded from its FX graph cache (both 0 where
+    inductor did not compile); error: why the stage failed, or None."""
     config: str
     launch: str
     stage: str

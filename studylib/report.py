@@ -1,8 +1,7 @@
-"""A study's outputs, rebuilt from its records: summary.json (its numbers: the configurations,
-comparisons, speedups and variance, computed from the records and the saved logits, streamed,
-each analysis alone), report.md (studylib.markdown), runs.csv and the plots (studylib.plots). An
-analysis that cannot be made says why in its place; only a study directory that cannot be read
-stops the report."""
+"""A study's outputs, rebuilt from its records: summary.json (the configurations, comparisons,
+speedups and variance, from the records and the saved logits, streamed, each analysis alone),
+report.md, runs.csv and the plots. An analysis that cannot be made says why in its place; only a
+study directory that cannot be read stops the report."""
 import json
 import math
 

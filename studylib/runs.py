@@ -88,12 +88,9 @@ class EntriesRead(dict):
 
 
 class ForwardVariants:
-    """The forward passes of the study's networks, each as the variant a compiled network compiles
-    a graph for: train or eval mode, grad mode, the input's shape, dtype and memory format, and
-    which parameters train (the whitening bias's freeze). Recorded by a forward pre-hook in the
-    warmups and in each configuration's first run of the process; later runs of a configuration
-    meet the same passes, and run without the hook (a few microseconds a pass), as their script
-    alone runs."""
+    """The forward passes of the study's networks, as the variants a compiled network compiles a
+    graph for, recorded by a forward pre-hook in the warmups and each configuration's first run;
+    later runs meet the same passes and run without the hook, as their script alone runs."""
 
     def __init__(self):
         self.warmed_up = set()
@@ -132,23 +129,21 @@ class ForwardVariants:
 
 
 def evaluation_settings(infer, arch):
-    """The entries of hyp['net'] that infer takes by name besides the TTA level (airbench94_hiverge's
+    """The entries of hyp['net'] besides tta_level that infer takes by name (airbench94_hiverge's
     tta_fraction): the evaluation as the method's train() runs it."""
     parameters = inspect.signature(infer).parameters
     return {name: arch[name] for name in parameters if name in arch and name != 'tta_level'}
 
 
 def normalized_images(script, images, hyp, mean, std, precision):
-    """Test images (uint8, N x 32 x 32 x 3, on the device) as the script's own loader normalizes
-    them, as its train() normalizes its test images."""
+    """Test images (uint8, N x 32 x 32 x 3, on the device) normalized as in the script's train()."""
     dtype = torch.float16 if precision == 'fp16' else torch.float32
     loader = script.CifarLoader(images, None, len(images), mean, std, hyp['aug'], dtype)
     return loader.normalize(loader.images)
 
 
 def evaluation_logits(script, hyp, net, images, tta_level, device, precision):
-    """A trained network's logits (fp32) for normalized images, evaluated as the script's train()
-    evaluates: its infer, with the entries of hyp['net'] that infer takes."""
+    """A trained network's fp32 logits for normalized images, by infer as train() calls it."""
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=(precision == 'bf16'))
     settings = evaluation_settings(script.infer, hyp['net'])
     return script.infer(net, images, tta_level, autocast, **settings)
@@ -162,11 +157,10 @@ def random_split(n, num_classes, device):
 
 
 def warmup_inputs(method, hyp, num_classes, num_eval, num_test, mean, std, precision, device):
-    """The warmup's inputs, random with a run's shapes: its data (two training batches, for the
-    tail's warm_up; an evaluated split of the batch sizes that num_eval images take in infer:
-    one full batch of its default size and the rest, or all of them where a copy's infer has no
-    default batch_size), and num_test test images normalized by the script's loader, whose
-    outputs the runs evaluate (None where num_test is 0)."""
+    """The warmup's inputs, random with a run's shapes: two training batches (the tail's warm_up);
+    an evaluated split of the batch sizes num_eval images take in infer (a full batch of its default
+    batch_size and the rest, or all at once where a copy's infer has none); num_test test images
+    normalized by the script's loader (None where num_test is 0)."""
     batch_size_parameter = inspect.signature(method.infer).parameters.get('batch_size')
     eval_batch = getattr(batch_size_parameter, 'default', None)
     if not isinstance(eval_batch, int) or eval_batch < 1:
@@ -182,9 +176,9 @@ def warmup_inputs(method, hyp, num_classes, num_eval, num_test, mean, std, preci
 
 
 def warm_up_network(method, hyp, net, device, precision, inputs, save_plain):
-    """The tail's full warmup of the method's train() on the warmup's inputs (warmup_inputs:
-    allocation, kernel choices, compilation), then the evaluations of the run's outputs where the
-    study makes them: the test images with the configuration's TTA, and plain if save_plain."""
+    """The tail's full warmup of train() on inputs from warmup_inputs, then the evaluations the
+    study makes of a run's outputs: the test images with the configuration's TTA, and plain if
+    save_plain."""
     data, test_images = inputs
     repository_tail().warm_up(method.train, data, hyp, device, precision,
                               method.source_seeds(0), net, full=True)
@@ -196,8 +190,7 @@ def warm_up_network(method, hyp, net, device, precision, inputs, save_plain):
 
 
 def warmup_key(script_path, hyp):
-    """What first-call costs depend on (compiled graphs, kernel choices): the script and its hyp,
-    whatever the number of epochs."""
+    """What first-call costs (graphs, kernel choices) depend on: script and hyp, not epochs."""
     hyp = copy.deepcopy(hyp)
     hyp['opt'].pop('train_epochs', None)
     return script_path, json.dumps(hyp, sort_keys=True)
@@ -208,8 +201,6 @@ class RecompileLimitHit(Exception):
 
 
 class Runner:
-    """Trains runs of the study on this process's device and makes their records."""
-
     def __init__(self, request, process, world, launch, recompile_limit_hits):
         self.request = request
         self.world = world
@@ -244,9 +235,8 @@ class Runner:
         return self.scripts[self.configs[config].script]
 
     def net(self, config):
-        """The configuration's network: one per script and architecture (the entries of hyp['net']
-        that build_net reads), shared by the configurations that differ in anything else, and
-        reinitialized by each run."""
+        """One network per script and architecture (the hyp['net'] entries build_net reads), shared
+        by the configurations that differ in anything else; each run reinitializes it."""
         script = self.script(config)
         arch = self.configs[config].hyp['net']
         for path, entries, net in self.nets:
@@ -258,17 +248,14 @@ class Runner:
         return net
 
     def net_label(self, config):
-        """How the records name a configuration's network: its script, and its place in the
-        process's list of networks."""
         net = self.net(config)
         index = next(i for i, (_, _, built) in enumerate(self.nets) if built is net)
         return f'{self.script(config).label} network {index + 1}'
 
     def warm_up(self, configs):
-        """Before the first timed run, one untimed run on dummy data of every (script, hyp) that
-        the study will train, with the evaluations of its outputs: allocation, kernel choices and
-        compilation (or loading what was compiled before the runs) happen here, and what it cost
-        each configuration is kept (self.compile_records)."""
+        """One untimed run on dummy data of every (script, hyp) before the first timed run, with
+        its outputs' evaluations: allocation, kernel choices and compilation (or loading what was
+        compiled before the runs) happen here; their cost goes to self.compile_records."""
         for config in configs:
             script = self.script(config)
             hyp = self.configs[config].hyp
@@ -295,7 +282,6 @@ class Runner:
             self.warmed_up.add(key)
 
     def compile_record(self, config, stage, seconds, counts_before, error=None):
-        """A CompileRecord of this process, from compile_counts() before the stage and now."""
         graphs, compiled, from_cache = (now - before for now, before in
                                         zip(compile_counts(), counts_before))
         return CompileRecord(config=config, launch=self.launch, stage=stage,
@@ -305,8 +291,6 @@ class Runner:
                              from_cache=from_cache, error=error)
 
     def normalized_test_images(self, config):
-        """The test images as the script's own loader normalizes them, computed once per script
-        and kept."""
         script = self.script(config)
         if script.path not in self.test_inputs:
             self.test_inputs[script.path] = normalized_images(
@@ -315,14 +299,12 @@ class Runner:
         return self.test_inputs[script.path]
 
     def logits(self, config, net, tta_level):
-        """A trained network's logits (fp32) for the test images, evaluated as train() evaluates."""
         return evaluation_logits(self.script(config).method, self.configs[config].hyp, net,
                                  self.normalized_test_images(config), tta_level, self.device,
                                  self.precision)
 
     def run_data(self, run):
-        """The data of a run (its training subset, the evaluated split), its subset mask and the
-        subset's seed."""
+        """(data, subset mask, subset seed) of a run: its training subset, the evaluated split."""
         request = self.request
         mask = None
         subset_seed = None
@@ -400,16 +382,15 @@ class Runner:
         return self.request.save_logits or self.held_out is not None
 
     def test_logits(self, config, net):
-        """A trained network's test logits in fp16: with the configuration's TTA, and plain where
-        the study saves logits (else None)."""
+        """fp16 test logits with the configuration's TTA, and plain where logits are saved."""
         tta_level = self.configs[config].hyp['net']['tta_level']
         logits = self.logits(config, net, tta_level).half()
         return logits, self.logits(config, net, 0).half() if self.request.save_logits else None
 
     def outputs(self, config, net, mask):
-        """The saved outputs of a run (test logits with and without TTA in fp16, kept as computed,
-        so that they give test_acc exactly; the subset mask), and the test accuracy of its TTA
-        logits where train() evaluated another split (None where it evaluated the test set)."""
+        """A run's saved outputs (fp16 test logits with and without TTA, kept as computed so that
+        they give test_acc exactly; the subset mask), and its TTA test accuracy where train()
+        evaluated another split (else None)."""
         outputs = {}
         test_acc = None
         if self.evaluates_test_set():  # test logits: not what train() saw

@@ -61,8 +61,7 @@ class Method:
 
 @dataclass(frozen=True)
 class Script:
-    """A script of the study, loaded in this process: its label (how study.json names it), file,
-    code's SHA-256 and Method."""
+    """A script of the study, loaded in this process; label: how study.json names it."""
     label: str
     path: str
     sha256: str
@@ -157,11 +156,10 @@ def leading_parameters(member, expected):
 
 @functools.cache
 def repository_tail():
-    """The repository's airbench94.py, loaded once as a library: what its tail owns (reading images,
-    the image-folder test, CIFAR-10 and its mean and std, a training set's own, the device, its
-    precision, the warmup), study.py calls there. The tail, identical in every
-    script, is never taken from a study's own script: the engine meets those only by their method
-    (METHOD_API)."""
+    """The repository's airbench94.py, loaded once as a library for what its tail owns (reading
+    images, the image-folder test, CIFAR-10 and its mean and std, a training set's own, the device,
+    its precision, the warmup). The tail, identical in every script, is never taken from a study's
+    own script: the engine meets those only by their method (METHOD_API)."""
     return load_script(os.path.join(REPO, 'airbench94.py'))
 
 
@@ -171,7 +169,6 @@ def method_of(module):
 
 
 def open_script(label):
-    """The script as a study names it, loaded."""
     path = label_path(label)
     return Script(label=label, path=path, sha256=sha256_of(path),
                   method=method_of(load_script(path)))

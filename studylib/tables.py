@@ -19,7 +19,6 @@ TALLY_KEYS = {'tta': 'logits', 'no_tta': 'logits_plain'}
 
 
 def read_study(study_dir):
-    """The Study in study_dir (config.Study, as the launch wrote it)."""
     study = Study.read(study_dir)
     if study is None:
         raise StudyError(f'{study_dir} holds no study (no study.json); give the --study-dir of one')
@@ -38,7 +37,6 @@ def flatten(mapping, prefix=''):
 
 
 def record_row(record, config):
-    """One row of the table: the record's fields, its seeds and its configuration's hyp."""
     row = {key: value for key, value in record.items() if key != 'seeds'}
     row.update({f'seed_{source}': seed for source, seed in record.get('seeds', {}).items()})
     row.update(base=config.base, script_sha256=config.script_sha256)
@@ -48,9 +46,8 @@ def record_row(record, config):
 
 
 def load_records(study_dir, study):
-    """(records, damaged): the records of the finished runs (as their files hold them), read
-    and checked by the reader that plans a launch (files.scan_runs), and a line for each damaged
-    file that is left out (the next launch sets it aside and trains its run again)."""
+    """(records, damaged): the finished runs' records as files.scan_runs reads and checks them,
+    and a line for each damaged file left out (the next launch sets it aside, trains its run)."""
     finished, damaged = scan_runs(study_dir, study)
     copy = [f'study.json ({study.damaged}; the study was read from its copy, '
             'study.backup.json)'] if study.damaged else []
@@ -142,9 +139,8 @@ def test_labels(study_dir):
 
 def ensemble_tallies(study_dir, runs, labels, num_classes):
     """{config: {'tta': EnsembleTally, 'no_tta': EnsembleTally}} over the finished runs with saved
-    logits, diverged runs left out. Each tally is kept in DIR/analysis/ with the runs it holds,
-    and extended by the runs finished since (a launch's final report reads only the logits of
-    the runs it added); one that holds a run no longer in the study is rebuilt."""
+    logits, diverged runs left out. Each is kept in DIR/analysis/ and extended by the runs finished
+    since (a launch's report reads only the logits it added); one with a run gone is rebuilt."""
     tallies = {}
     for config, group in runs.groupby('config', sort=False) if len(runs) else ():
         group = group[~group['diverged'].fillna(False).astype(bool)] if 'diverged' in group \

@@ -1,50 +1,46 @@
-"""Power-law fits of test error against training epochs, and the quantities the paper derives from
-them: epochs to a target accuracy and effective speedups, each with a confidence interval.
+"""Power-law fits of test error against training epochs, and what the paper derives from them:
+epochs to a target accuracy and effective speedups, each with a confidence interval.
 
 Units: accuracies and errors are fractions (0.94 and 0.06, not 94 and 6); epochs are epoch counts.
 The law is the paper's (airbench paper, section "Alternating flip" experiments):
 
     error(epochs) = c + b * epochs**a,   a < 0 (error falls with training), b > 0, c >= 0.
 
-c is the asymptote: an error at or below c is never reached. The least-squares fit is unweighted,
-so it is equivariant under a change of units of the errors (percent instead of fractions multiplies
-b and c by 100 and leaves a and every epoch count derived from the fit unchanged).
+c is the asymptote: an error at or below c is never reached. The fit is unweighted least squares,
+so a change of units of the errors (percent: b and c times 100) leaves a and every epoch count
+derived from the fit unchanged.
 
 The intervals (epochs_to_accuracy_interval, effective_speedup_interval) propagate the cells'
-sampling distribution through the fit by Monte Carlo: the cells (the epoch counts of a curve, and
-the compared configuration) draw their true means jointly, the fit is redone on every draw, and
-the interval is the draws' central quantiles. The runs of a study are normal about their cell's
-mean with one standard deviation for every cell (airbench's run-to-run spread hardly changes with
-the epochs), so the cells' variances are pooled:
+sampling distribution through the fit by Monte Carlo: the cells (a curve's epoch counts, and the
+compared configuration) draw their true means jointly, the fit is redone on every draw, and the
+interval is the draws' central quantiles. Runs are normal about their cell's mean with one standard
+deviation for every cell (airbench's run-to-run spread hardly changes with the epochs), so the
+cells' variances are pooled:
 
-- unpaired (runs of different cells independent): sigma^2 is drawn as s_p^2 * f / chi^2_f, s_p^2
-  the pooled within-cell variance with f = sum (n_c - 1) degrees of freedom, and each cell's mean
-  as mean_c + sigma / sqrt(n_c) * Z_c: a multivariate Student t of f degrees of freedom (the
-  distribution JCGM 101:2008, 6.4.9, assigns to means known from repeated indications, with the
-  variance pooled as in its 6.4.9.4 note on a common standard deviation);
+- unpaired: sigma^2 is drawn as s_p^2 * f / chi^2_f (s_p^2 the pooled within-cell variance,
+  f = sum (n_c - 1)) and each cell's mean as mean_c + sigma / sqrt(n_c) * Z_c: a multivariate
+  Student t of f degrees of freedom (JCGM 101:2008, 6.4.9, for means known from repeated
+  indications, the variance pooled as in its 6.4.9.4 note on a common standard deviation);
 - paired (run i of every cell has the same seeds, as study.py gives it): the runs x cells table is
   a two-way layout, run effect plus residual (Montgomery, Design and Analysis of Experiments, the
-  randomized complete block design). Its cell means split into two independent parts: their
-  grand mean, whose variance the runs' mean square over k n estimates (n - 1 degrees of freedom),
-  and their contrasts (each mean less the grand mean), whose covariance the residual mean square
-  over n estimates ((n - 1)(k - 1) degrees of freedom). The means are drawn as a multivariate
-  Student t with that covariance, mean_c + sqrt(f / chi^2_f) * (sqrt(MS_runs / (k n)) * Z_0 +
-  sqrt(MS_residual / n) * (Z_c - mean of Z)), Z_0 shared by every cell, and f the statistic's own
-  degrees of freedom: Satterthwaite's (1946) for the two mean squares weighted as they enter the
-  variance of the statistic's linearization at the means (its gradient by central differences).
-  Two parts drawn each with its own chi-square would combine into a fiducial interval that is
-  conservative, as Behrens-Fisher's is (measured: 97.6% at n = 3). A speedup compares cells whose
-  shared run effect cancels: it keeps about the f_e degrees of freedom; epochs to a target move
-  with the grand mean and have fewer.
+  randomized complete block design). The cell means split into two independent parts: their grand
+  mean, of variance MS_runs / (k n) on n - 1 degrees of freedom, and their contrasts, of
+  covariance MS_residual / n on (n - 1)(k - 1). The means are drawn as mean_c + sqrt(f / chi^2_f)
+  * (sqrt(MS_runs / (k n)) * Z_0 + sqrt(MS_residual / n) * (Z_c - mean of Z)), Z_0 shared by
+  every cell, f Satterthwaite's (1946) degrees of freedom for the two mean squares weighted as
+  they enter the variance of the statistic's linearization at the means. Each part drawn with its
+  own chi-square would give a conservative fiducial interval, as Behrens-Fisher's is (measured:
+  97.6% at n = 3). A speedup's shared run effect cancels, so it keeps about the residual's degrees
+  of freedom; epochs to a target move with the grand mean and have fewer.
 
-The interval the module gave before drew each cell alone from its own Student t of n - 1 degrees
-of freedom: at n = 3 it covered 99% and was 1.45 to 1.85 times as wide as needed. Coverage and
-width measured by simulation: docs/studies.md; tests/stats/test_fits.py holds them.
+Each cell drawn alone from its own Student t of n - 1 degrees of freedom (the earlier interval)
+covered 99% at n = 3 and was 1.45 to 1.85 times as wide as needed. Coverage and width measured by
+simulation: docs/studies.md; tests/stats/test_fits.py holds them.
 
-A curve of 4 or more epoch counts gets a lack-of-fit F test (lack_of_fit): the means' misfit
-against the runs' own spread; a fit rejected at 5% marks every interval derived from it
-unreliable, and so do a cell whose runs have no spread, fewer than 3 runs in a cell, a fit
-stopped at a bound, a curve that does not fall measurably, and an extrapolation.
+A curve of 4 or more epoch counts gets a lack-of-fit F test (lack_of_fit); a fit it rejects at 5%
+marks every interval derived from it unreliable, as do a cell whose runs have no spread, fewer
+than 3 runs in a cell, a fit stopped at a bound, a curve that does not fall measurably, and an
+extrapolation.
 """
 import functools
 import math
@@ -74,28 +70,23 @@ class PowerLaw:
     at_bounds: tuple = ()
 
     def error_at(self, epochs):
-        """The law's error after `epochs` epochs (a number or an array of them)."""
         return self.c + self.b * np.asarray(epochs, dtype=float) ** self.a
 
     def epochs_for_error(self, error):
-        """The inverse, epochs = ((error - c) / b) ** (1 / a); math.inf where error <= c, which
-        the law never reaches."""
+        """The law's inverse at `error`; math.inf where error <= c, which the law never reaches."""
         return float(_epochs_for_errors(self.a, self.b, self.c, error))
 
 
 def fit_power_law(epochs, errors):
     """Least-squares fit of error = c + b * epochs**a to (epochs, error) points; a PowerLaw.
 
-    Bounds: -10 <= a <= 0, b >= 0, 0 <= c <= max(errors). Start: c at 0.9 * min(errors), a and b
-    from a straight line through log(error - c) against log(epochs). The fit runs on
-    epochs / (their geometric mean) for conditioning; b is converted back. With exactly three
-    distinct epoch counts the law interpolates them, unless the fit ends at a bound (its
-    at_bounds): errors that fall faster and faster with epochs, as in the first epochs of
-    training, fit no law with c >= 0, and the best one at c = 0 misses the points.
+    Bounds: -10 <= a <= 0, b >= 0, 0 <= c <= max(errors). With exactly three distinct epoch counts
+    the law interpolates them, unless the fit ends at a bound (at_bounds): errors that fall faster
+    and faster with epochs, as in the first epochs of training, fit no law with c >= 0.
 
     Raises ValueError for fewer than 3 distinct epoch counts, non-positive epochs, non-finite
-    values, errors all 0, errors that do not fall with epochs (the fitted law falls by less than
-    FLAT of the largest error over the epochs fitted) and a fit that does not converge.
+    values, errors all 0, errors that do not fall (the law falls by less than FLAT of the largest
+    error over the epochs fitted) and a fit that does not converge.
     """
     x, y = _points(epochs, errors)
     return _fit(tuple(x), tuple(y))
@@ -163,15 +154,11 @@ def _initial_guess(scaled, y):
 
 
 def fit_power_laws(epochs, errors):
-    """fit_power_law on every row of errors (rows x epoch counts) at once: arrays a, b, c, and
-    `falls` (False where fit_power_law would raise because the errors do not fall; a, b and c are
-    nan there). For the Monte Carlo intervals, thousands of fits at a time.
-
-    For a fixed exponent the law is linear in b and c, so the least squares over (b, c) within
-    their bounds has a closed form; the exponent is found on a grid over [-10, 0] and refined by
-    golden-section search around the grid's best point (agreeing with fit_power_law to about
-    1e-8 in every derived epoch count: tested).
-    """
+    """fit_power_law on every row of errors (rows x epoch counts) at once, for the Monte Carlo
+    intervals' thousands of fits: arrays a, b, c (nan where the errors do not fall) and `falls`.
+    For a fixed exponent the bounded least squares over (b, c) has a closed form; the exponent is
+    found on a grid over [-10, 0], refined by golden-section search (agreeing with fit_power_law
+    to about 1e-8 in every derived epoch count: tested)."""
     x = np.asarray(epochs, dtype=float).ravel()
     y = np.atleast_2d(np.asarray(errors, dtype=float))
     log_scaled = np.log(x / math.exp(np.mean(np.log(x))))
@@ -248,11 +235,10 @@ def _check_fractions(values, name):
 def epochs_to_accuracy(epochs_list, accuracies, target):
     """Epochs at which the power law fit to errors 1 - accuracy reaches accuracy `target`.
 
-    epochs_list: one epoch count per entry of `accuracies` (at least 3 distinct). accuracies: per
-    epoch count, the mean accuracy or the per-run accuracies (averaged). target: a fraction.
-    Returns ((1 - target - c) / b) ** (1 / a), or math.inf when 1 - target <= c (the fitted
-    asymptote: the target is never reached). The result may lie outside the measured epochs
-    (an extrapolation). Raises ValueError where no law fits (fit_power_law says why).
+    epochs_list: one epoch count per entry of `accuracies` (at least 3 distinct); accuracies: per
+    epoch count, the mean accuracy or the per-run accuracies (averaged); target: a fraction.
+    math.inf where 1 - target <= c (the asymptote: never reached); the result may lie outside the
+    measured epochs (an extrapolation). ValueError where no law fits (fit_power_law says why).
     """
     _check_fractions(target, 'target accuracies')
     law = fit_power_law(epochs_list, 1 - mean_accuracies(accuracies))
@@ -260,15 +246,11 @@ def epochs_to_accuracy(epochs_list, accuracies, target):
 
 
 def effective_speedup(baseline_epochs, baseline_accuracies, epochs, accuracy):
-    """The paper's effective speedup of a configuration over a baseline, a fraction (0.271 = 27.1%).
-
-    Fit the baseline's power law (baseline_epochs, baseline_accuracies as in epochs_to_accuracy),
-    invert it at the configuration's error 1 - accuracy (its mean if per-run accuracies are given)
-    to get the baseline's equivalent epochs, and return equivalent_epochs / epochs - 1. math.inf
-    when the configuration's error is below the baseline's asymptote; negative when the
-    configuration is worse than the baseline. Raises ValueError where the baseline's errors fit
-    no law (a baseline that does not learn has no speedup over it).
-    """
+    """The paper's effective speedup of a configuration over a baseline, a fraction (0.271 = 27.1%):
+    the baseline's equivalent epochs for the configuration's error 1 - accuracy (its mean, given
+    per-run accuracies), over epochs, minus 1. baseline_* as in epochs_to_accuracy. math.inf where
+    that error is below the baseline's asymptote; negative where the configuration is worse.
+    ValueError where the baseline's errors fit no law (a baseline that does not learn)."""
     equivalent = epochs_to_accuracy(baseline_epochs, baseline_accuracies,
                                     float(np.mean(accuracy)))
     return equivalent / epochs - 1
@@ -288,14 +270,12 @@ def epochs_to_accuracy_interval(runs_by_epochs, target, confidence=0.95, draws=D
     """epochs_to_accuracy with its confidence interval, from per-run accuracies.
 
     runs_by_epochs: {epoch count: per-run accuracies (fractions)}, 3 or more epoch counts.
-    paired: run i of every epoch count has the same seeds (study.py's design): the cells are
-    equally long and their means share each run's effect.
+    paired: run i of every epoch count has the same seeds (study.py's design; equally long cells).
     Returns a dict: estimate (epochs; None where undefined or never reached), ci_low, ci_high
-    (None where the interval is open above: in more than (1 - confidence) / 2 of the draws the
-    target lies beyond the asymptote), reliable (whether the interval's coverage was measured in
-    these conditions) and reason (why not, or why undefined; None when reliable), extrapolated
-    (the estimate outside the measured epochs), lack_of_fit (lack_of_fit's result), and the
-    draws' accounting. Never raises for data that admit no answer.
+    (None where open above: in more than (1 - confidence) / 2 of the draws the target lies beyond
+    the asymptote), reliable (whether the coverage was measured in these conditions), reason (why
+    not, or why undefined; None when reliable), extrapolated (the estimate outside the measured
+    epochs), lack_of_fit, and the draws' accounting. Never raises for data that admit no answer.
     """
     epochs = sorted(runs_by_epochs)
     cells = [np.asarray(runs_by_epochs[e], dtype=float).ravel() for e in epochs]
@@ -316,12 +296,10 @@ def effective_speedup_interval(baseline_runs_by_epochs, runs, epochs, confidence
                                draws=DRAWS, seed=0, paired=False):
     """effective_speedup with its confidence interval, from per-run accuracies.
 
-    baseline_runs_by_epochs: {epoch count: the baseline's per-run accuracies}, 3 or more epoch
-    counts; runs: the compared configuration's accuracies at `epochs`. paired: run i of the
-    compared configuration and of every baseline cell has the same seeds (equally long cells).
-    Returns a dict as epochs_to_accuracy_interval's (estimate a fraction, 0.25 = 25% faster),
-    with equivalent_epochs: the baseline's epochs for the compared configuration's error, whose
-    place in the baseline's grid decides `extrapolated`.
+    baseline_runs_by_epochs: {epoch count: the baseline's per-run accuracies}, 3 or more; runs:
+    the compared configuration's at `epochs`; paired: run i of every cell has the same seeds.
+    Returns epochs_to_accuracy_interval's dict (estimate a fraction, 0.25 = 25% faster) and
+    equivalent_epochs, the baseline's epochs for the compared error (which `extrapolated` judges).
     """
     baseline_epochs = sorted(baseline_runs_by_epochs)
     cells = [np.asarray(baseline_runs_by_epochs[e], dtype=float).ravel()
@@ -343,8 +321,7 @@ def effective_speedup_interval(baseline_runs_by_epochs, runs, epochs, confidence
 
 
 def pooled_variance(cells):
-    """The cells' pooled within-cell variance sum_c sum_i (x_ci - mean_c)^2 / f and its degrees
-    of freedom f = sum_c (n_c - 1)."""
+    """The cells' pooled within-cell variance and its degrees of freedom, sum_c (n_c - 1)."""
     freedom = sum(cell.size - 1 for cell in cells)
     squares = sum(((cell - cell.mean()) ** 2).sum() for cell in cells)
     return (squares / freedom if freedom else math.nan), freedom
@@ -461,13 +438,12 @@ def _monte_carlo_interval(cells, statistic, point_estimate, confidence, draws, s
 
 
 def lack_of_fit(epochs, cells, paired=False):
-    """The lack-of-fit F test of the power law on a curve of 4 or more epoch counts: the misfit of
-    the means, n_c (mean_c - fit_c)^2 summed over the k cells on k - 3 degrees of freedom (the
-    law has 3 parameters), against the runs' spread about their means: the pooled within-cell
-    variance, or, paired, the two-way layout's residual mean square (a run effect shifts every
-    cell alike, as the law's c does, so it leaves the misfit alone). Draper and Smith, Applied
-    Regression Analysis, 2.1 ("lack of fit and pure error"). Returns a dict of statistic,
-    p_value, freedom ([k - 3, that of the spread]) and reason (None, or why there is no test)."""
+    """The lack-of-fit F test of the power law on a curve of 4 or more epoch counts (Draper and
+    Smith, Applied Regression Analysis, 2.1, "lack of fit and pure error"): the means' misfit,
+    sum n_c (mean_c - fit_c)^2 on k - 3 degrees of freedom, against the runs' spread: the pooled
+    within-cell variance or, paired, the residual mean square (a run effect shifts every cell
+    alike, as the law's c does). A dict: statistic, p_value, freedom ([k - 3, the spread's]),
+    reason (None, or why there is no test)."""
     entry = dict(statistic=None, p_value=None, freedom=None, reason=None)
     if len(cells) <= MIN_EPOCH_COUNTS:
         entry['reason'] = f'{len(cells)} epoch counts: the law\'s 3 parameters leave none to test'

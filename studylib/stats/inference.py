@@ -1,14 +1,13 @@
 """Statistics on plain arrays of per-run numbers: a mean and its interval, the test of a mean
-against a target (the test behind every record claim) with its one-sided bound, the comparison of
-two configurations, the equivalence of two configurations within a margin (TOST), Holm's
-adjustment of a family of tests, the ratio of two configurations' times, and the runs a study
-needs to resolve a difference fixed in advance.
+against a target (behind every record claim) with its one-sided bound, comparisons, equivalence
+within a margin (TOST), Holm's adjustment, time ratios, and the runs needed to resolve a
+difference fixed in advance.
 
 Every function takes sequences of numbers (lists, numpy arrays, pandas columns) and returns a dict
 that JSON holds: None where a number is undefined, with `reason` saying why. Intervals and tests
-are scipy.stats' Student-t ones; they assume per-run values spread about normally, which
-accuracies of these trainings do (their coverage with and without a tail of bad runs:
-docs/studies.md; tests/stats/test_inference.py holds it on normal runs).
+are scipy.stats' Student-t ones; they assume per-run values spread about normally, as these
+trainings' accuracies do (coverage with and without a tail of bad runs: docs/studies.md;
+tests/stats/test_inference.py holds it on normal runs).
 """
 import contextlib
 import math
@@ -65,14 +64,12 @@ def describe(values, confidence=0.95):
 
 def target_test(values, target, confidence=0.95, diverged=()):
     """The record claim "the mean accuracy of the runs exceeds target", counting every trained
-    run: the one-sided t-test of "mean <= target" and the one-sided lower confidence bound that
-    matches it (lower_bound > target exactly when p_value < 1 - confidence), so that the claim
-    and its bound never disagree.
+    run: the one-sided t-test of "mean <= target" and the lower confidence bound that matches it
+    (lower_bound > target exactly when p_value < 1 - confidence), so that they never disagree.
 
-    values: the accuracies of the runs that did not diverge; diverged: the accuracies the diverged
-    runs ended with (a record counts every run it trained, so a diverged run enters at what it
-    scored; one that scored nothing finite enters at 0). The divergence rate is given beside the
-    claim with its Clopper-Pearson interval (scipy.stats.binomtest, exact).
+    values: the accuracies of the runs that did not diverge; diverged: those the diverged runs
+    ended with (a record counts every run it trained; one with no finite accuracy enters at 0).
+    The divergence rate comes with its exact Clopper-Pearson interval (scipy.stats.binomtest).
 
     Returns target, confidence, n (every run), diverged (their count), divergence_rate and
     divergence_ci ([low, high] at confidence), mean and std (every run), lower_bound, p_value
@@ -103,14 +100,14 @@ def target_test(values, target, confidence=0.95, diverged=()):
 
 
 def compare(a, b, paired=False, confidence=0.95):
-    """b against a: the difference of means (mean of b minus mean of a) with its interval and
-    two-sided p-value, from the paired t-test (paired=True: a[i] and b[i] are one pair, as runs of
-    two configurations with the same seeds are) or Welch's t-test.
+    """b against a: the difference of means (b's minus a's) with its interval and two-sided
+    p-value, from the paired t-test (paired=True: a[i] and b[i] one pair, as runs of two
+    configurations with the same seeds are) or Welch's.
 
     Returns difference, ci_low, ci_high, p_value, test (its name), effect_size (Cohen's d_av: the
-    difference over the root mean of the two variances, the same for both designs, so that a
-    paired and an unpaired analysis of the same runs give the same effect size), n_a, n_b,
-    correlation (Pearson's, within pairs; paired only) and reason where undefined.
+    difference over the root mean of the two variances, so that a paired and an unpaired analysis
+    of the same runs agree), n_a, n_b, correlation (Pearson's within pairs; paired only) and
+    reason where undefined.
     """
     _check_confidence(confidence)
     a = _sample(a, 'a')
@@ -162,21 +159,19 @@ def _defined(p):
 
 def equivalence_test(a, b, margin, paired=False, ratio=False, alpha=0.05):
     """Whether b is equivalent to a within a margin fixed in advance: the two one-sided tests
-    (TOST; Schuirmann 1987) of "b - a <= -margin" and of "b - a >= margin", each a t-test at level
-    alpha (Welch's, or paired: a[i] and b[i] one pair). Equivalence is shown when both are
-    rejected: p_value, the larger of their p-values, is below alpha, exactly when the (1 - 2 alpha)
-    interval of the difference (90% at alpha 0.05) lies inside (-margin, margin).
+    (TOST; Schuirmann 1987) of "b - a <= -margin" and "b - a >= margin", each a t-test at level
+    alpha (Welch's, or paired). Equivalence is shown when both reject: p_value, the larger of
+    the two, is below alpha, exactly when the (1 - 2 alpha) interval of the difference (90% at
+    alpha 0.05) lies inside (-margin, margin). Absence of a significant difference is no such
+    evidence: only this test says "as fast as" or "as accurate as".
 
-    ratio=True compares positive values (timed seconds) as ratios: the tests run on log values,
-    margin is a ratio above 1 and the equivalence range is [1 / margin, margin] of the ratio of
-    geometric means b over a (1.05: neither more than 5% slower nor more than 5% faster, as
-    1 / 1.05 = 0.952). Otherwise margin is in the values' units (0.001 = 0.1 points of accuracy).
+    ratio=True compares positive values (timed seconds) on log values: margin is a ratio above 1,
+    the range [1 / margin, margin] of the ratio of geometric means b over a (1.05: within 5%
+    either way). Otherwise margin is in the values' units (0.001 = 0.1 points of accuracy).
 
     Returns test, difference (b - a, or the ratio), margin, equivalence_range, ci_low and ci_high
     (the 1 - 2 alpha interval), confidence, p_value, p_lower and p_upper (the two one-sided
-    tests), equivalent (True, False, or None where undefined), n_a, n_b and reason. Absence of a
-    significant difference is no such evidence: only this test (or an interval inside the margin)
-    says "as fast as" or "as accurate as".
+    tests), equivalent (None where undefined), n_a, n_b and reason.
     """
     if not 0 < alpha < 0.5:
         raise ValueError(f'alpha is a fraction in (0, 0.5), not {alpha}')

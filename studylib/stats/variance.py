@@ -1,11 +1,10 @@
 """Variance between runs and calibration of the ensemble of runs (airbench paper, section
 "Variance and class-wise calibration", table tab:variance), with their intervals.
 
-Inputs are numpy arrays (torch tensors are converted with np.asarray after .cpu()): per-run
-accuracies as fractions; `correct`, runs x test examples, 1 where the run classified the example
-correctly; `predictions`, runs x test examples, each run's predicted class ids. EnsembleTally
-takes the runs one at a time instead, so that 10,000 runs of 10,000 test images are analysed in
-the memory of one run's predictions and the ensemble's vote counts.
+Inputs are numpy arrays (a torch tensor: np.asarray after .cpu()): per-run accuracies as
+fractions; `correct`, runs x test examples, 1 where the run was right; `predictions`, runs x test
+examples, class ids. EnsembleTally takes the runs one at a time instead, so that 10,000 runs of
+10,000 test images fit in the memory of one run's predictions and the ensemble's vote counts.
 """
 import math
 
@@ -20,8 +19,7 @@ BINNING_RUNS = 50  # the calibration error's bins are those of this many runs' v
 
 
 def test_set_std(accuracies):
-    """Standard deviation between runs of test-set accuracy (fractions):
-    sqrt(sum_r (A_r - mean(A))^2 / (R - 1)) over R >= 2 runs (ddof=1)."""
+    """Standard deviation between runs of test-set accuracy (fractions; ddof=1, 2 or more runs)."""
     accuracies = np.asarray(accuracies, dtype=float).ravel()
     if accuracies.size < 2:
         raise ValueError(f'a standard deviation between runs needs at least 2 runs, got '
@@ -38,14 +36,12 @@ def distribution_wise_variance(correct):
         var_dist = n / (n - 1) * (Var_h(A) - (1 / n^2) * sum_i Var_h(C_i))
 
     with n test examples, C_i a run's 0/1 correctness on example i, A = mean_i C_i its test-set
-    accuracy, and Var_h variances over runs. It equals the mean covariance over runs between
-    distinct examples, 1 / (n (n - 1)) * sum_{i != j} Cov_h(C_i, C_j), whose expectation over
-    test sets drawn from the distribution is the distribution-wise variance (the paper's Lemma 1).
-    The variances over runs are the sample variances over the R runs with ddof=1, so the estimate
-    is unbiased over runs as well: Var_h(C_i) = R / (R - 1) * p_i (1 - p_i), p_i the fraction of
-    runs correct on example i (with ddof=0 for both terms the whole estimate is (R - 1) / R times
-    this one). Units: fractions squared. The estimate is negative when the runs' accuracies vary
-    less than independent errors would make them (sampling noise when the true value is near 0).
+    accuracy, and Var_h sample variances over the R runs with ddof=1, so that the estimate is
+    unbiased over runs too (with ddof=0 it is (R - 1) / R times this one). It equals the mean
+    covariance over runs between distinct examples, whose expectation over test sets drawn from
+    the distribution is the distribution-wise variance (the paper's Lemma 1). Units: fractions
+    squared. Negative when the runs' accuracies vary less than independent errors would make them
+    (sampling noise when the true value is near 0).
     """
     correct = _correctness(correct)
     return float(_distribution_wise_variance(correct.mean(axis=1), correct.sum(axis=0)))
@@ -63,8 +59,7 @@ def _distribution_wise_variance(accuracies, correct_counts):
 
 def distribution_wise_std(correct):
     """sqrt(max(distribution_wise_variance(correct), 0)), a fraction: 0.0 where the unbiased
-    variance estimate is negative (call distribution_wise_variance to see the negative value;
-    EnsembleTally.summary reports such an estimate as undistinguished from 0, with its interval)."""
+    estimate is negative (distribution_wise_variance gives the negative value)."""
     return math.sqrt(max(distribution_wise_variance(correct), 0.0))
 
 
@@ -94,9 +89,8 @@ def ensemble_votes(predictions, num_classes):
 
 def class_aggregated_calibration_error(predictions, labels, bins=CALIBRATION_BINS,
                                        num_classes=None):
-    """Class-aggregated calibration error (CACE) of the ensemble of these runs, as defined (the
-    plug-in estimate: it depends on the number of runs; calibration_error gives the estimate that
-    does not).
+    """Class-aggregated calibration error (CACE) of the ensemble of these runs, as defined: the
+    plug-in estimate, which depends on the number of runs (calibration_error's does not).
 
     Jiang, Nagarajan, Baek and Kolter, "Assessing Generalization of SGD via Disagreement" (ICLR
     2022), Definition 4.4, for the ensemble h~ whose probability of class k on x is the fraction
@@ -105,22 +99,19 @@ def class_aggregated_calibration_error(predictions, labels, bins=CALIBRATION_BIN
         CACE = integral over q of |sum_k P(Y = k, h~_k(X) = q) / sum_k P(h~_k(X) = q) - q|
                                   * sum_k P(h~_k(X) = q) dq.
 
-    Classes are pooled within each confidence level q (not compared class by class) and the
-    weights are not divided by K, so CACE lies in [0, K]. On N test examples and R runs,
-    h~_k(x_i) = v_ik / R for vote counts v_ik. bins=B (default 15) groups consecutive vote levels
-    into bins of equal mass of (example, class) pairs as far as the levels allow
-    (equal_mass_bins: a level is never split, and one heavier than its share is a bin alone), and
-    compares each bin's label count with its summed confidences:
+    Classes are pooled within each confidence level q and the weights are not divided by K, so
+    CACE lies in [0, K]. With vote counts v_ik of R runs on N examples, h~_k(x_i) = v_ik / R;
+    bins=B (default 15) groups consecutive vote levels into bins of nearly equal mass of (example,
+    class) pairs (equal_mass_bins), each bin's label count against its summed confidences:
 
         CACE = (1 / N) * sum_b | sum_{(i, k) in b} (1[y_i = k] - v_ik / R) |.
 
-    bins=None makes every level its own bin. Either way the estimate falls as runs are added to
-    an ensemble calibrated in the limit, as bins of noisy vote shares hold pairs that were binned
-    high because their votes came out high (regression to the mean; docs/studies.md gives the
-    figures); every level its own bin grows instead.
+    bins=None makes every level its own bin. With bins the estimate falls as runs are added to an
+    ensemble calibrated in the limit, as pairs binned high because their votes came out high
+    regress to the mean (docs/studies.md gives the figures); every level its own bin grows instead.
 
-    predictions: runs x examples class ids; labels: the examples' class ids. num_classes
-    defaults to 1 + the largest id seen (with bins=None the result does not depend on it).
+    predictions: runs x examples class ids; labels: the examples' class ids; num_classes defaults
+    to 1 + the largest id seen (with bins=None the result does not depend on it).
     """
     predictions, labels, num_classes = _checked_predictions(predictions, labels, num_classes)
     votes = ensemble_votes(predictions, num_classes)
@@ -153,12 +144,10 @@ def level_counts(votes, runs):
 
 
 def equal_mass_bins(pairs_per_level, bins):
-    """The bin of each vote level (an array over levels 0..runs): every level its own bin
-    (bins=None), or up to `bins` bins of consecutive levels of nearly equal mass of pairs: a bin
-    closes once it holds its share of the pairs not yet binned, the pairs left over the bins
-    left, so that a level heavier than its share (the zero-vote level can hold most of the pairs
-    of 10 classes) makes a bin alone and the lighter levels share the other bins, rather than a
-    few. Fewer bins are used only where fewer levels hold pairs."""
+    """The bin of each vote level 0..runs: every level its own (bins=None), or up to `bins` bins of
+    consecutive levels, never splitting one. A bin closes once it holds its share of the pairs not
+    yet binned over the bins left, so that a level heavier than its share (the zero-vote level can
+    hold most pairs of 10 classes) is a bin alone and the lighter levels share all the others."""
     if bins is None:
         return np.arange(pairs_per_level.size)
     if not bins >= 1:
@@ -182,8 +171,7 @@ def equal_mass_bins(pairs_per_level, bins):
 
 
 def bins_used(pairs_per_level, bin_of_level, runs):
-    """The bins as used: each bin's confidence range [lowest, highest level / runs] and its share
-    of the pairs."""
+    """Each bin as used: its confidence range [lowest, highest level / runs], its share of pairs."""
     levels = np.flatnonzero(pairs_per_level)
     found = []
     for index in np.unique(bin_of_level[levels]):
@@ -207,10 +195,9 @@ def deviations(levels, confidences, labels, bin_of_level):
 
 
 def calibration_error(predictions, labels, confidence=0.95, bins=CALIBRATION_BINS, seed=0):
-    """The class-aggregated calibration error of the ensemble of runs (predictions: runs x
-    examples class ids; labels: the examples' class ids) as EnsembleTally.calibration_error gives
-    it: the split-half estimate, its interval, the bins used, the plug-in estimate and the level of
-    an exactly calibrated ensemble."""
+    """EnsembleTally.calibration_error of these runs (predictions: runs x examples class ids;
+    labels: the examples' class ids): the split-half estimate with its interval and bins, the
+    plug-in estimate and the level of an exactly calibrated ensemble."""
     predictions, labels, num_classes = _checked_predictions(predictions, labels, None)
     tally = EnsembleTally(labels, num_classes)
     for run in predictions:
@@ -231,11 +218,9 @@ def sample_variance_interval(values, confidence):
 
 
 class EnsembleTally:
-    """What the variance and calibration analyses need of a set of runs, taken one run at a time:
-    each run's accuracy and the ensemble's vote counts. votes is 2 x examples x classes: the
-    votes of the runs added at even positions (0, 2, ...) and at odd ones, kept apart for the
-    split-half calibration estimate; their sum is the ensemble's (each example's count of runs
-    correct is its label's). Its memory does not grow with the runs but by one number per run."""
+    """What the variance and calibration analyses need of runs taken one at a time, in memory that
+    grows by one number per run: each run's accuracy and votes (2 x examples x classes: the runs
+    added at even and at odd positions apart, for the split-half calibration estimate)."""
 
     def __init__(self, labels, num_classes):
         self.labels = np.asarray(labels).ravel().astype(np.int64)
@@ -266,9 +251,8 @@ class EnsembleTally:
     def summary(self, confidence=0.95, seed=0):
         """The variance table's entry: n, mean accuracy, test-set std, distribution-wise variance
         and std, each std with its chi-square interval (test_set_std_ci_assumes says what it
-        assumes), and the calibration error with its interval. A distribution-wise variance
-        estimated below 0 has no std (None, with distribution_wise_note), only the interval
-        [0, high]."""
+        assumes), and the calibration error. A distribution-wise variance estimated below 0 has
+        no std (None, with distribution_wise_note), only the interval [0, high]."""
         if self.runs < 2:
             raise ValueError(f'variance between runs needs at least 2 runs, got {self.runs}')
         accuracies = np.array(self.accuracies)
@@ -291,17 +275,13 @@ class EnsembleTally:
             calibration=self.calibration_error(confidence, seed=seed))
 
     def calibration_error(self, confidence=0.95, bins=CALIBRATION_BINS, seed=0):
-        """The class-aggregated calibration error of the ensemble in the limit of many runs,
-        estimated so that it means the same at any number of runs from 2 * BINNING_RUNS (100)
-        on: split_half_calibration_error on the runs at even and at odd positions, with the plug-in
-        estimate of these runs beside it (class_aggregated_calibration_error: it falls as runs
-        are added) and the level an exactly calibrated ensemble shows on this test set.
-
-        Returns split_half_calibration_error's entry with plug_in, calibrated_level and
-        calibrated_upper (the mean and the 1 - (1 - confidence) / 2 quantile of the estimate for
-        labels drawn from the scoring half's own vote shares, CALIBRATED_DRAWS of them: the floor
-        of a test set this size; an estimate above calibrated_upper is miscalibration), runs and
-        examples; with one run, reason in place of the estimate."""
+        """The class-aggregated calibration error of the ensemble in the limit of many runs, the
+        same figure at any number of runs from 2 * BINNING_RUNS (100) on: the split-half estimate
+        on the runs at even and at odd positions. Returns its entry with plug_in (falls as runs
+        are added), calibrated_level and calibrated_upper (the mean and the (1 + confidence) / 2
+        quantile of the estimate for CALIBRATED_DRAWS label sets drawn from the scoring half's own
+        vote shares: a test set this size's floor; above calibrated_upper is miscalibration), runs
+        and examples; with one run, reason in place of the estimate."""
         if self.runs < 1:
             raise ValueError('a calibration error needs at least 1 run')
         votes = self.ensemble_votes()
@@ -331,28 +311,23 @@ def split_half_calibration_error(halves, labels, bins=CALIBRATION_BINS, confiden
     """The split-half estimate of the class-aggregated calibration error, from the votes of two
     halves of the runs (halves: [(votes, runs), (votes, runs)], votes examples x classes).
 
-    The plug-in estimate bins pairs by their vote share and compares the bin's labels with those
-    same shares: a pair whose votes came out high by chance is binned high and scored against its
-    high share, a bias that falls as runs are added. Here each pair is binned by one half's votes
-    and scored against the other half's shares, whose noise is independent of the binning, so
-    that each bin's sum has expectation 0 for an ensemble calibrated in the limit; the estimate is
-    the mean of the two ways round (cross-fitting). The bins are the equal-mass bins
-    (equal_mass_bins) of BINNING_RUNS runs' vote shares: a half of more runs is thinned to that
-    many (each example's votes drawn without replacement, multivariate hypergeometric), as the
-    bins of more runs are narrower and pool less, which changes the figure. So the estimate's
-    expectation is the same at any number of runs from 2 * BINNING_RUNS (simulated: docs/studies.md;
-    tests/stats/test_variance.py holds it). It keeps the floor a finite test set gives (labels
-    drawn by chance).
-
-    The interval: the estimate +- z * the standard deviation of the estimate over RESAMPLES
-    bootstrap resamples of the test examples, the bins held (its coverage of the estimator's mean:
-    docs/studies.md).
+    The plug-in estimate scores a pair against the same vote share it was binned by: a pair whose
+    votes came out high by chance is binned high and scored against its high share, a bias that
+    falls as runs are added. Here each pair is binned by one half's votes and scored against the
+    other half's shares, whose noise is independent of the binning, so that each bin's sum has
+    expectation 0 for an ensemble calibrated in the limit; the estimate is the mean of the two
+    ways round (cross-fitting). The bins are those of BINNING_RUNS runs' vote shares (a larger
+    half is thinned by thin_votes), as bins of more runs are narrower and pool less, which changes
+    the figure: so its expectation is the same at any number of runs from 2 * BINNING_RUNS
+    (simulated: docs/studies.md; tests/stats/test_variance.py holds it). It keeps the floor a
+    finite test set gives (labels drawn by chance). The interval: the estimate +- z * its standard
+    deviation over RESAMPLES bootstrap resamples of the test examples, the bins held (coverage of
+    the estimator's mean: docs/studies.md).
 
     Returns (entry, binned): entry holds estimate, ci_low, ci_high, confidence, interval (its
-    method), bins (those used by the first half: each one's confidence range and share of the
-    pairs), bins_used (the count, per half), binning_runs and comparable (False below
-    2 * BINNING_RUNS runs, with note); binned: per half (votes binned, their runs, the bin of
-    each level)."""
+    method), bins (the first half's: each one's confidence range and share of the pairs),
+    bins_used (per half), binning_runs and comparable (False below 2 * BINNING_RUNS runs, with
+    note); binned: per half (votes binned, their runs, the bin of each level)."""
     rng = np.random.default_rng(0) if rng is None else rng
     examples = labels.size
     binned = []
@@ -379,9 +354,8 @@ def split_half_calibration_error(halves, labels, bins=CALIBRATION_BINS, confiden
 
 
 def thin_votes(votes, runs, keep, rng):
-    """The votes of `keep` of the runs drawn without replacement, example by example (the
-    multivariate hypergeometric draw, class by class): (votes, keep); the votes as they are where
-    runs <= keep."""
+    """(votes, keep): the votes of `keep` of the runs drawn without replacement, example by example
+    (multivariate hypergeometric, class by class); the votes as they are where runs <= keep."""
     if runs <= keep:
         return votes, runs
     thinned = np.zeros_like(votes)
