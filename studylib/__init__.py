@@ -19,9 +19,8 @@ imports only from its own layer and those below it (tests/engine/test_study_engi
    the datasets, their tensor cache and fingerprint. device: device and precision, torch.compile's
    graphs and recompile limits, where runs happen. distribute: the processes' shared store,
    queue, leases and heartbeats. runs: training one run, its record and outputs, the warmups.
-   compiling: each configuration compiled once per machine before the runs. collect: rank 0
-   writing what the processes publish. plan: each process's setup, DIR's lock, study.json, the
-   runs to train. launch: the work loop of a launch.
+   collect: rank 0 writing what the processes publish. plan: each process's setup, DIR's lock,
+   study.json, the runs to train. launch: the work loop of a launch.
 5. The command line. cli: every flag of study.py parsed once into a config.Request, and main: a
    launch or a report, what it says and its exit status.
 
@@ -33,7 +32,7 @@ LAYERS = [
     ['stats.inference', 'stats.fits', 'stats.variance'],
     ['errors', 'records', 'files', 'config'],
     ['tables', 'analysis', 'looks', 'markdown', 'plots', 'report'],
-    ['hyp', 'scripts', 'data', 'device', 'distribute', 'runs', 'compiling', 'collect', 'plan',
+    ['hyp', 'scripts', 'data', 'device', 'distribute', 'runs', 'collect', 'plan',
      'launch'],
     ['cli'],
 ]

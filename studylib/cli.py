@@ -10,7 +10,6 @@ import sys
 import threading
 
 from . import report
-from .compiling import default_compile_jobs
 from .config import Config, Request, ScriptFlags
 from .data import DATASETS
 from .distribute import StoreLost, World
@@ -74,11 +73,6 @@ def study_parser(description):
         'split) and evaluate on them; test accuracy is recorded too')
     add('--lost-after', type=float, default=300, metavar='SECONDS', help='give up a run whose '
         'process has sent no heartbeat for this long (a lost machine)')
-    add('--compile-jobs', type=int, default=default_compile_jobs(), metavar='N', help='before the '
-        'runs, compile the configurations whose networks compile (a compiled script\'s) once per '
-        'machine, each in a process of its own, N at once; below 2 none is: each process '
-        'compiles in its own warmups (default: one per 4 cores, at least 1, so none below 8 '
-        'cores; here %(default)s)')
     return parser
 
 
@@ -181,9 +175,6 @@ def parse_args(argv):
         raise StudyError(f'--train-subset is a fraction in (0, 1], not {args.train_subset}')
     if args.val_split < 0:
         raise StudyError(f'--val-split is a number of images, not {args.val_split}')
-    if args.compile_jobs < 0:
-        raise StudyError(f'--compile-jobs is a number of processes (0: none), not '
-                         f'{args.compile_jobs}')
     if not args.lost_after > 0:
         raise StudyError(f'--lost-after is a positive number of seconds, not {args.lost_after}')
     script = script_label(script_path(args.script))
@@ -199,7 +190,7 @@ def parse_args(argv):
                    seed=args.seed, vary=args.vary, target=args.target, resolve=args.resolve,
                    save_logits=args.save_logits, train_subset=args.train_subset,
                    val_split=args.val_split, lost_after=args.lost_after,
-                   compile_jobs=args.compile_jobs, flags=parse_flags(script_flags),
+                   flags=parse_flags(script_flags),
                    notes=(note,) if note else ())
 
 

@@ -140,6 +140,5 @@ class Request:
     train_subset: float | None
     val_split: int
     lost_after: float
-    compile_jobs: int
     flags: ScriptFlags
     notes: tuple

@@ -79,29 +79,13 @@ def prepare_device(device, deterministic):
 
 def compile_counts():
     """(graphs dynamo traced, inductor compiled anew, inductor loaded from its FX graph cache) in
-    this process so far: the one count of compiled graphs (records, compile jobs, tools, tests)."""
+    this process so far: the one count of compiled graphs (records, tools, tests)."""
     dynamo_utils = sys.modules.get('torch._dynamo.utils')
     if dynamo_utils is None:
         return 0, 0, 0
     inductor = dynamo_utils.counters['inductor']
     compiled = inductor['fxgraph_cache_miss'] + inductor['fxgraph_cache_bypass']
     return dynamo_utils.counters['stats']['unique_graphs'], compiled, inductor['fxgraph_cache_hit']
-
-
-def compiles_network(net):
-    """Whether build_net returned a network that torch.compile wraps (its forward, or the module):
-    then its warmup compiles, which a machine does once for all its processes."""
-    if hasattr(getattr(net, 'forward', None), '_torchdynamo_orig_callable'):
-        return True
-    eval_frame = sys.modules.get('torch._dynamo.eval_frame')  # imported by any torch.compile
-    return eval_frame is not None and isinstance(net, eval_frame.OptimizedModule)
-
-
-def enable_compile_caches():
-    """Inductor's FX graph cache (on by default from torch 2.5, off on 2.4): what one process
-    compiled, another loads from the directory they share (TORCHINDUCTOR_CACHE_DIR, or tmp's)."""
-    import torch._inductor.config
-    torch._inductor.config.fx_graph_cache = True
 
 
 class RecompileLimitHits(logging.Handler):

@@ -9,7 +9,6 @@ import torch
 
 from . import report
 from .collect import Collector
-from .compiling import Compiler
 from .device import prepare_device, recompile_limits
 from .distribute import MAX_ATTEMPTS, Heartbeat, Liveness, Queue
 from .errors import ReportFailed, RunsFailed, Stopped
@@ -180,9 +179,6 @@ def train_and_report(request, world, process, plan, lock, collector):
         with recompile_limits(len(process.configs)) as recompile_limit_hits:
             runner = Runner(request, process, world, plan.launch, recompile_limit_hits)
             configs = sorted({config for config, _ in plan.jobs})
-            if process.flags.warmup:
-                runner.compile_records += Compiler(runner, world, request.compile_jobs).compile(
-                    configs)
             runner.warm_up(configs)
             world.publish(f'compiles/{world.rank}',
                           [record.to_json() for record in runner.compile_records])

@@ -100,11 +100,11 @@ class FailedTry:
 
 @dataclass
 class CompileRecord:
-    """What compiling a configuration cost one process of a launch, at one stage: 'before the runs'
-    (its own process, compiling into the machine's inductor cache) or 'warmup' (each training
-    process's untimed warmup, which loads that cache). graphs: graphs dynamo traced; compiled,
-    from_cache: inductor's graphs compiled anew and loaded from its FX graph cache (both 0 where
-    inductor did not compile); error: why the stage failed, or None."""
+    """What compiling a configuration cost one process of a launch, at one stage: 'warmup' (each
+    training process's untimed warmup; a study made at 576cd79 or before may also hold 'before
+    the runs', from the compiling processes study.py then had). graphs: graphs dynamo traced;
+    compiled, from_cache: inductor's graphs compiled anew and loaded from its FX graph cache (both
+    0 where inductor did not compile); error: why the stage failed, or None."""
     config: str
     launch: str
     stage: str

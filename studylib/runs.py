@@ -217,7 +217,7 @@ class Runner:
         self.nets = []  # (script, the hyp['net'] entries it was built from, network)
         self.warmed_up = set()  # warmup_key of every (script, hyp) warmed up
         self.variants = ForwardVariants()
-        self.compile_records = []  # CompileRecord of each warmup (and compile before the runs)
+        self.compile_records = []  # CompileRecord of each warmup
         self.test_inputs = {}  # the normalized test images by script: the same for every run
         on_device = lambda split: {key: value.to(self.device) for key, value in split.items()}
         self.train_split = on_device(data['train'])
@@ -254,8 +254,8 @@ class Runner:
 
     def warm_up(self, configs):
         """One untimed run on dummy data of every (script, hyp) before the first timed run, with
-        its outputs' evaluations: allocation, kernel choices and compilation (or loading what was
-        compiled before the runs) happen here; their cost goes to self.compile_records."""
+        its outputs' evaluations: allocation, kernel choices and compilation (or loading it from
+        inductor's cache) happen here; their cost goes to self.compile_records."""
         for config in configs:
             script = self.script(config)
             hyp = self.configs[config].hyp

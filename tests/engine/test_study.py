@@ -510,8 +510,6 @@ def test_the_help_shows_every_flag_after_the_separator_with_its_help(argv, capsy
     after = text.partition('The flags after --')[2] if argv == ['--help'] else text
     for flag in AFTER_SEPARATOR:
         assert re.search(rf'{flag}\b[^-]*? [a-z]{{4,}}', after), flag
-    if argv == ['--help']:  # and that one compile at a time compiles nothing before the runs
-        assert '--compile-jobs N before the runs' in text and 'below 2 none is' in text
 
 
 def test_load_study_is_the_records_and_report_rebuilds_without_training(

@@ -252,7 +252,7 @@ def test_each_configuration_of_a_mixed_study_compiles_what_its_script_compiles_a
     study_dir = tmp_path / 'mixed'
     assert study_main(['airbench94_hiverge', '--runs', '1', '--study-dir', str(study_dir),
                        *[word for config in MIXED for word in ('--config', *config)],
-                       '--compile-jobs', '0', *flags]) == 0  # every graph in this process
+                       *flags]) == 0
     found = records(study_dir)
     assert sorted(config for config, _ in found) == sorted(config[0] for config in MIXED)
     assert all(record['graphs_compiled_during_run'] == 0 for record in found.values())
@@ -262,7 +262,7 @@ def test_each_configuration_of_a_mixed_study_compiles_what_its_script_compiles_a
         torch._dynamo.reset()
         graphs.clear()
         assert study_main([config[1], '--runs', '1', '--study-dir', str(tmp_path / config[0]),
-                           '--config', *config, '--compile-jobs', '0', *flags]) == 0
+                           '--config', *config, *flags]) == 0
         alone += graphs
     # A graph of the same script and inputs compiled by another configuration (hiverge16's
     # augmentation, width-free, is hiverge's on torch 2.4, which reuses it) serves both
