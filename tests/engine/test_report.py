@@ -19,6 +19,7 @@ import studylib.report  # noqa: E402
 from studylib import analysis, markdown, plots, tables  # noqa: E402
 from studylib.config import Config  # noqa: E402
 from studylib.errors import StudyError  # noqa: E402
+from studylib.records import CompileRecord  # noqa: E402
 from studylib.stats.fits import (effective_speedup_interval,  # noqa: E402
                                  epochs_to_accuracy_interval, fit_power_law)
 from studylib.stats import variance  # noqa: E402
@@ -578,3 +579,26 @@ def test_report_flags_a_curve_that_no_power_law_fits():
     assert any('bad fit' in line for line in lines)
     assert any(line.startswith(markdown.DAGGER) and 'does not fit' in line for line in lines)
     assert all(not s['reliable'] for s in found['curves']['other']['speedup'].values())
+
+
+def test_what_compiling_cost_is_summed_per_configuration_and_stage():
+    """Each stage of each configuration: its processes, their seconds and inductor's counts; a
+    study of study.py at 576cd79 or before also holds 'before the runs' from its compiling
+    processes, which the report still reads."""
+    def record(config, stage, rank, seconds, compiled, from_cache, error=None):
+        return CompileRecord(config=config, launch='L', stage=stage, rank=rank, host='h',
+                             device='cuda:0', device_model='H100', seconds=seconds, graphs=6,
+                             compiled=compiled, from_cache=from_cache, error=error)
+    costs = analysis.compile_costs([
+        record('a', 'before the runs', 0, 200.0, 12, 0), record('a', 'warmup', 0, 3.0, 0, 12),
+        record('a', 'warmup', 1, 5.0, 0, 12), record('b', 'warmup', 0, 9.0, 0, 0, 'boom')])
+    assert costs == [
+        dict(config='a', stage='before the runs', processes=1, seconds_mean=200.0,
+             seconds_max=200.0, graphs=6, compiled=12, from_cache=0, came_from={'compiled': 1}),
+        dict(config='a', stage='warmup', processes=2, seconds_mean=4.0, seconds_max=5.0,
+             graphs=6, compiled=0, from_cache=24, came_from={'cache': 2}),
+        dict(config='b', stage='warmup', processes=1, seconds_mean=9.0, seconds_max=9.0,
+             graphs=6, compiled=0, from_cache=0, came_from={'failed': 1})]
+    lines = markdown.compile_lines(costs)
+    assert '  | a | warmup | 2 | 4.0, 5.0 | 6 | 0, 24 | 2 cache |' in lines
+    assert markdown.compile_lines([]) == []

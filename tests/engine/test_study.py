@@ -26,6 +26,7 @@ from studylib.cli import parse_flags  # noqa: E402
 from studylib.config import Config, Study  # noqa: E402
 from studylib.data import load_study_data  # noqa: E402
 from studylib.hyp import config_hyp  # noqa: E402
+from studylib.records import CompileRecord  # noqa: E402
 
 STUDY = os.path.join(REPO, 'study.py')
 ENV = {**{key: value for key, value in os.environ.items()
@@ -510,6 +511,23 @@ def test_the_help_shows_every_flag_after_the_separator_with_its_help(argv, capsy
     after = text.partition('The flags after --')[2] if argv == ['--help'] else text
     for flag in AFTER_SEPARATOR:
         assert re.search(rf'{flag}\b[^-]*? [a-z]{{4,}}', after), flag
+
+
+def test_each_warmup_is_recorded_once_per_script_and_hyp_and_reported(study_main, image_folder,
+                                                                       tmp_path):
+    """compiles/LAUNCH.json holds a CompileRecord per (script, hyp) warmed up, epochs aside (c
+    trains a's network), and report.md's launches give what each cost."""
+    study_dir = tmp_path / 'study'
+    assert study_main(argv(study_dir, image_folder, '--config', 'a', '--config', 'b',
+                           'aug.flip=random', '--config', 'c', 'opt.train_epochs=5',
+                           flags=[*STAND_IN_FLAGS, '--warmup'])) == 0
+    (path,) = glob.glob(os.path.join(study_dir, 'compiles', '*.json'))
+    found = [CompileRecord.from_json(entry) for entry in json.load(open(path))]
+    assert sorted((record.config, record.stage) for record in found) == [('a', 'warmup'),
+                                                                         ('b', 'warmup')]
+    assert all(record.came_from() == 'eager' and record.seconds > 0 for record in found)
+    report = open(study_dir / 'report.md').read()
+    assert '| a | warmup | 1 |' in report and '| b | warmup | 1 |' in report
 
 
 def test_load_study_is_the_records_and_report_rebuilds_without_training(
