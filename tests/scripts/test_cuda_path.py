@@ -23,13 +23,11 @@ META = torch.device('meta')
 # device, which fails on a machine without a GPU driver
 FAKE_CUDA = torch.device('cuda', 0)
 NO_AUTOCAST = torch.autocast('cuda', enabled=False)  # as train() builds it for 'fp16'
-# BatchNorm's dtype in each script's CUDA recipe, as in its published script: hiverge's CifarNet
-# halves every module, the others put BatchNorm back in fp32
+# BatchNorm's dtype in each script's CUDA recipe, as its published script has it
 BATCHNORM_DTYPES = {**dict.fromkeys(ALL_SCRIPTS, torch.float32),
                     'airbench94_hiverge': torch.float16}
 DEVICE_CLOCK_SCRIPTS = ['airbench94_compiled', 'airbench94_muon', 'airbench94_hiverge']
-# airbench94_compiled (eager here) and airbench95 build and train airbench94's network: only the
-# slow tier repeats airbench94's case for them
+# They build and train airbench94's network (airbench94_compiled eager here): slow tier only
 SAME_AS_AIRBENCH94 = ['airbench94_compiled', 'airbench95']
 
 

@@ -335,10 +335,8 @@ def test_each_source_of_randomness_has_its_own_seed(ab94):
     assert ab94.source_seeds(0) == seeds and ab94.source_seeds(1) != seeds
 
     def run(entries, **changes):
-        hyp = with_entries(ab94.hyp, {'opt.batch_size': 16, 'opt.train_epochs': 1,
-                                      'net.widths': TINY_WIDTHS, 'net.tta_level': 0, **entries})
-        result = ab94.train(tiny_dataset(), hyp, CPU, 'fp32', {**seeds, **changes},
-                            epoch_eval=False)
+        result = quick_train(ab94, tiny_dataset(), {**seeds, **changes}, entries={
+            'opt.batch_size': 16, 'opt.train_epochs': 1, 'net.tta_level': 0, **entries})
         # block2's first conv: 8 identity filters, 8 at PyTorch's random init
         return result['net'][3].conv1.weight.detach().clone(), result['epoch_train_losses']
 
