@@ -113,8 +113,7 @@ def image_folder(tmp_path_factory):
 
 @pytest.fixture
 def study_main(monkeypatch):
-    """study.main in this process, on a script module the test may instrument; no plots (half a
-    second each) unless plots=True."""
+    """study.main in this process, on a script module a test may instrument; plots if asked."""
     for key in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK'):
         monkeypatch.delenv(key, raising=False)
 
@@ -171,9 +170,8 @@ def two_node_launch(node, port, study_dir, data_dir, *flags, rendezvous='static'
 
 @pytest.mark.slow
 def test_two_nodes_without_a_shared_filesystem_complete_a_study_though_one_is_lost(tmp_path):
-    """Each machine its own copy of the data and no shared filesystem: rank 0 alone writes DIR and
-    says the runs. The machine lost mid-run has its run trained by the other in the same launch,
-    once its heartbeat has been silent for --lost-after seconds."""
+    """Rank 0 alone writes DIR and says the runs; the run of the machine lost mid-run is trained
+    by the other in the same launch, once its heartbeat is silent for --lost-after seconds."""
     data_dirs = [write_image_folder(str(tmp_path / f'data{node}')) for node in (0, 1)]
     study_dirs = [tmp_path / f'study{node}' for node in (0, 1)]
     port = free_port()
@@ -496,8 +494,8 @@ def test_the_flags_after_the_separator_then_the_overrides_set_hyp_in_that_order(
     assert epochs(['--epochs', '2', '--hyp', 'opt.train_epochs=3'], ['opt.train_epochs=4']) == 4
 
 
-AFTER_SEPARATOR = ['--dataset', '--data-dir', '--train-splits', '--device', '--precision', '--epochs',
-                   '--hyp', '--no-epoch-eval', '--no-warmup', '--deterministic']
+AFTER_SEPARATOR = ['--dataset', '--data-dir', '--train-splits', '--device', '--precision',
+                   '--epochs', '--hyp', '--no-epoch-eval', '--no-warmup', '--deterministic']
 
 
 @pytest.mark.parametrize('argv', [['--help'], ['airbench94', '--runs', '1', '--study-dir', 'DIR',
