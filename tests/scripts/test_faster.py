@@ -75,16 +75,13 @@ def test_hardest_examples_are_the_highest_losses_in_batch_order(faster):
         selected = faster.hardest_examples(losses, 512)
         assert len(selected) == 512 and len(set(selected.tolist())) == 512
         assert torch.all(selected[1:] > selected[:-1])  # in the order of the batch
-        rest = torch.ones(1024, dtype=torch.bool)
-        rest[selected] = False
+        rest = ~torch.isin(torch.arange(1024), selected)
         assert losses[selected].min() > losses[rest].max()
 
 
 def record_training(faster, monkeypatch, hyp, data=None):
-    """train() with a record of each pass over the loader, the proxy's inputs, outputs and grad
-    mode, its selections, both optimizers' lrs, and the main network's training inputs."""
-    record = dict(passes=[], proxy=[], selections=None, main_inputs=[], proxy_lrs=[],
-                  main_lrs=[])
+    """train(), with a record of what each network saw and each optimizer's lrs at each step."""
+    record = dict(passes=[], proxy=[], selections=None, main_inputs=[], proxy_lrs=[], main_lrs=[])
     iterate = faster.CifarLoader.__iter__
     build = faster.build_net
     select = faster.select_hardest
@@ -106,19 +103,14 @@ def record_training(faster, monkeypatch, hyp, data=None):
         return net
 
     def recording_select(proxy, optimizer, *args):
-        step = optimizer.step
         optimizer.is_proxy = True
-        def recording_step():
-            record['proxy_lrs'].append([group['lr'] for group in optimizer.param_groups])
-            step()
-        optimizer.step = recording_step
         record['selections'] = select(proxy, optimizer, *args)
         return record['selections']
 
     sgd_step = torch.optim.SGD.step
     def recording_sgd_step(optimizer, *args, **kwargs):
-        if not hasattr(optimizer, 'is_proxy'):  # the main network's optimizer
-            record['main_lrs'].append([group['lr'] for group in optimizer.param_groups])
+        lrs = 'proxy_lrs' if hasattr(optimizer, 'is_proxy') else 'main_lrs'
+        record[lrs].append([group['lr'] for group in optimizer.param_groups])
         return sgd_step(optimizer, *args, **kwargs)
 
     monkeypatch.setattr(faster.CifarLoader, '__iter__', recording_iter)
@@ -147,8 +139,7 @@ def test_proxy_and_main_network_see_the_same_batches_and_train_on_the_hardest(fa
         assert grad_enabled == (step % 4 == 0)  # a training step on every fourth batch only
         losses = F.cross_entropy(logits.float(), labels, label_smoothing=0.2, reduction='none')
         assert len(selected) == 12 and len(set(selected.tolist())) == 12  # masked_fraction 0.5
-        rest = torch.ones(24, dtype=torch.bool)
-        rest[selected] = False
+        rest = ~torch.isin(torch.arange(24), selected)
         assert losses[selected].min() >= losses[rest].max()
         assert torch.equal(trained, images[selected])  # the main network trains on exactly those
     assert len(record['proxy_lrs']) == math.ceil(total_steps / 4)
@@ -229,11 +220,10 @@ def test_the_proxy_is_airbench94s_network_and_the_main_block_adds_before_its_las
     # the record's block: conv, pool, BN, GELU; then conv, BN, GELU, conv, BN, + input, GELU
     block = faster.make_net(TINY_WIDTHS, 10, 0.9, 1 / 9)[2].eval()
     x = torch.randn(3, 24, 31, 31)
-    gelu = torch.nn.functional.gelu
-    first = gelu(block.norm1(block.pool(block.conv1(x))))
-    expected = gelu(first + block.norm3(block.conv3(gelu(block.norm2(block.conv2(first))))))
-    assert torch.allclose(block(x), expected, atol=1e-6)
-    airbench96_style = first + gelu(block.norm3(block.conv3(gelu(block.norm2(block.conv2(first))))))
+    first = F.gelu(block.norm1(block.pool(block.conv1(x))))
+    branch = block.norm3(block.conv3(F.gelu(block.norm2(block.conv2(first)))))
+    assert torch.allclose(block(x), F.gelu(first + branch), atol=1e-6)
+    airbench96_style = first + F.gelu(branch)
     assert not torch.allclose(block(x), airbench96_style, atol=1e-3)
 
 

@@ -77,8 +77,7 @@ def test_batched_orthogonalization_equals_each_bank_alone(hiverge, tall):
 
 
 def published_renormalization_counter(total_steps):
-    """The published Muon's own bookkeeping, restated: step_count from 1, norm_freq = 2 +
-    int(15 * progress), a renormalization when step_count - last_norm_step >= norm_freq."""
+    """The published Muon's own bookkeeping, restated (its step_count counts from 1)."""
     last_norm_step = 0
     steps = []
     for step_count in range(1, total_steps + 1):
@@ -105,8 +104,7 @@ def test_renormalization_interval_grows_from_2_to_17_steps(hiverge, total_steps)
 
 
 def jittered_epoch(hiverge, images, brightness, contrast, seed=0):
-    """The loader's epoch of uint8 images (N, H, W, 3) with the jitter alone (no flip, no
-    translation), normalized by mean 0 and std 1 (pixel values 0 to 1)."""
+    """The loader's epoch of uint8 images (N, H, W, 3) with the jitter alone, pixel values 0-1."""
     aug = dict(flip='none', translate=0, brightness=brightness, contrast=contrast)
     loader = hiverge.CifarLoader(images, torch.zeros(len(images), dtype=torch.int64), len(images),
                                  (0.0,) * 3, (1.0,) * 3, aug,
@@ -178,8 +176,7 @@ def test_loader_jitters_every_image_anew_each_epoch_after_the_flip(hiverge):
 
 
 def view_logits(net, images, tta_level=2):
-    """The mean of TTA's views (six at level 2, two at level 1), each evaluated alone: independent
-    of infer's batching."""
+    """The mean of TTA's views, each evaluated alone: independent of infer's batching."""
     padded = F.pad(images, (1,) * 4, mode='reflect')
     views = [images, padded[:, :, :32, :32], padded[:, :, 2:, 2:]][:1 if tta_level == 1 else 3]
     with torch.no_grad():

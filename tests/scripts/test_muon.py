@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import CPU, TINY_WIDTHS, load_script, spy, tiny_dataset
+from conftest import CPU, TINY_WIDTHS, load_script, spy, tiny_dataset, tiny_hyp
 from studylib.hyp import with_entries
 
 MUON_SCRIPTS = ['airbench94_muon', 'airbench94_hiverge']
@@ -19,8 +19,7 @@ BANDS = {'airbench94_muon': (0.6, 1.25), 'airbench94_hiverge': (0.75, 1.3)}
 
 
 def newton_schulz_by_svd(coefficients, matrix, steps):
-    """The iteration on the singular values alone, in float64, independent of the code under
-    test: U p(S / |M|_F) V^T, p(s) = a s + b s^3 + c s^5 applied `steps` times."""
+    """The iteration on the singular values alone, in float64: independent of the code tested."""
     u, s, vh = torch.linalg.svd(matrix.double(), full_matrices=False)
     a, b, c = coefficients
     s = s / s.square().sum().sqrt()
@@ -213,8 +212,7 @@ def test_cpu_path_eager_sgd_unfused_and_newton_schulz_in_bf16_or_fp32(name, monk
     muons = spy(monkeypatch, script.Muon, '__init__')
     orthogonalized = spy(monkeypatch, script, 'orthogonalize')
     monkeypatch.setattr(torch, 'compile', lambda *args, **kwargs: pytest.fail('compiled on CPU'))
-    hyp = with_entries(script.hyp, {'opt.batch_size': 32, 'opt.train_epochs': 0.5,
-                                    'net.widths': TINY_WIDTHS, 'net.tta_level': 0})
+    hyp = with_entries(script.hyp, {**tiny_hyp(name), 'opt.train_epochs': 0.5, 'net.tta_level': 0})
     opt = hyp['opt']
     for precision, dtype in (('bf16', torch.bfloat16), ('fp32', torch.float32)):
         orthogonalized.clear()

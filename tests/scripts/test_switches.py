@@ -139,8 +139,7 @@ def test_lookahead_off_returns_the_weights_of_the_last_step(ab94, sgd, monkeypat
 
 
 def loader_epochs(script, sampling, flip='none', epochs=3, order_seed=0, aug_seed=1):
-    """Each epoch's ids in the order drawn, and {id: mirrored}, of a loader in batches of BATCH
-    over N 4x4 images, left half +1 and right half -1, labelled by their index
+    """Each epoch's ids in the order drawn and {id: mirrored}, of N images labelled by their index
     (airbench96_faster's one stream cut into epochs of N)."""
     images = torch.zeros(N, 4, 4, 3, dtype=torch.uint8)
     images[:, :, :2] = 255
@@ -223,8 +222,7 @@ def test_airbench94_hiverges_switches_tta_fraction_and_jitter(monkeypatch):
     """net.tta_fraction 0 is plain evaluation; aug.brightness and aug.contrast 0, no jitter."""
     hiverge = load_script('airbench94_hiverge')
     epochs = spy(monkeypatch, hiverge, 'augmented_images')  # each epoch's augmentation
-    net = hiverge.build_net({**hiverge.hyp['net'], 'widths': {'block1': 8, 'block2': 8,
-                                                              'block3': 8}}, 2, CPU, 'fp32')
+    net = hiverge.build_net({**hiverge.hyp['net'], 'widths': TINY_WIDTHS}, 2, CPU, 'fp32')
     evaluated = []  # images per forward pass in evaluation mode
     net.register_forward_pre_hook(lambda m, inputs: None if m.training else evaluated.append(
         len(inputs[0])))

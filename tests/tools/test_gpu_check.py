@@ -27,14 +27,11 @@ def values(command, flag):
     return [command[i + 1] for i, word in enumerate(command[:-1]) if word == flag]
 
 
-# The error's first line, from real outputs kept in tests/fixtures/gpu_check: a script's error
-# (airbench94.py --data-dir /tmp/nonexistent, no network); the torchrun study with a missing data
-# directory (rank 0's error line, then torchrun's ChildFailedError); two workers raising the H100
-# study's ValueError under torchrun; an exception raised while handling another; rank 1 killed by
-# SIGKILL under torchrun (no worker traceback); a run that diverged (said on stdout). Abridged:
-# torchrun's banner and its own traceback's frames removed, and the outer frames of the others.
-# Each line said is a whole line of its output, but the killed rank's, which says what torchrun's
-# report says.
+# Real outputs in tests/fixtures/gpu_check, abridged (torchrun's banner and frames, outer frames):
+# airbench94.py --data-dir /tmp/nonexistent without network; the torchrun study on a missing data
+# directory (rank 0's error, then ChildFailedError); the H100 study's ValueError in two torchrun
+# workers; a chained exception; rank 1 SIGKILLed under torchrun (no traceback: its line restates
+# torchrun's report, every other is a whole line of its output); a diverged run (on stdout).
 ERROR_LINES = [
     ('script_error.stderr', 'error: No image folder (train/<class>/*, test/<class>/*) nor'),
     ('study_torchrun_error.stderr', 'error: No cifar10 dataset found in /tmp/nonexistent'),
@@ -291,8 +288,7 @@ def test_every_item_passes_on_the_cpu(tmp_path):
 
 @pytest.mark.slow
 def test_a_failing_item_says_the_first_line_of_its_real_error(tmp_path):
-    """A data directory that does not exist: the script and the torchrun study fail, each line
-    with the `error:` line its process wrote, and the exit status is 1."""
+    """A data directory that does not exist: each item's line says its process's `error:` line."""
     missing = str(tmp_path / 'missing')
     result = run_tool(tmp_path, '--data-dir', missing, '--only', 'airbench94,study-torchrun')
     assert result.returncode == 1, result.stdout + result.stderr

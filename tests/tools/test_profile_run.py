@@ -141,8 +141,7 @@ def test_trace_times_are_read_exactly_and_windows_must_pair(tmp_path):
 
 
 def test_a_cpu_profile_of_airbench94(tmp_path):
-    """Its three windows (the whitening, the epoch, TTA), 4 steps, the ranges that key_averages
-    times, no kernels, no graph traced after the warmup; the files of --out."""
+    """Its three windows (the whitening, the epoch, TTA), the ranges timed, the files of --out."""
     summary = profile_run.main(['trace', 'airbench94', *TINY, '--train-images', '128',
                                 '--test-images', '64', '--out', str(tmp_path)])
     assert (summary['steps'], summary['windows'], summary['gpu_activities']) == (4, 3, 0)
