@@ -185,7 +185,8 @@ def test_an_analysis_asked_for_that_cannot_be_made_is_refused_after_the_report(t
 def test_comparisons_are_paired_by_design_holm_adjusted_planned_and_tested_for_equivalence(
         tmp_path):
     """Each test as the design (shared seeds: paired), Holm-adjusted per family, runs to resolve
-    only a difference fixed in advance (never post-hoc power), time ratios per device model."""
+    only a difference fixed in advance (never post-hoc power), time ratios per device model, the
+    TOST of accuracy and time with margins; means, intervals and tests against scipy's."""
     study_dir = str(tmp_path / 'pairs')
     names = ('base', 'better', 'same', 'slower', 'unpaired')
     make_study(study_dir, {name: config(name) for name in names}, 8)
